@@ -1,0 +1,52 @@
+"""keras-mpfp16: mixed-precision data-parallel training of Keras 3 models over MPI.
+
+Add three lines to a Keras script and launch it with `mpirun -np N`:
+
+```python
+import keras_mpfp16 as kmp
+
+x, y = kmp.shard(x, y)
+model.compile(optimizer=kmp.DistributedOptimizer("adam"), loss=...)
+```
+"""
+
+# Thread defaults must be in the environment before the backend starts its
+# thread pools, i.e. before the first tensor operation: do it first.
+from keras_mpfp16.runtime import threads as _threads
+
+_threads.apply_thread_defaults()
+
+from keras_mpfp16 import _keras_compat  # noqa: E402
+from keras_mpfp16.optimizer import DistributedOptimizer  # noqa: E402
+from keras_mpfp16.runtime import (  # noqa: E402
+    allgather,
+    allreduce,
+    barrier,
+    broadcast,
+    cuda_aware,
+    init,
+    is_root,
+    local_rank,
+    local_size,
+    rank,
+    size,
+)
+
+_keras_compat.install_jit_guard()
+
+__version__ = "0.1.0.dev0"
+
+__all__ = [
+    "DistributedOptimizer",
+    "allgather",
+    "allreduce",
+    "barrier",
+    "broadcast",
+    "cuda_aware",
+    "init",
+    "is_root",
+    "local_rank",
+    "local_size",
+    "rank",
+    "size",
+]

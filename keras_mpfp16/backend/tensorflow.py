@@ -1,0 +1,166 @@
+"""The TensorFlow bridge: the only module that handles TensorFlow tensors.
+
+It moves gradients between the compiled train step and the numpy-level
+runtime: fuse them into flat float32 buckets, hand each bucket to MPI from a
+`tf.numpy_function` (host-staged) or, for GPU tensors with a CUDA-aware MPI,
+from a `tf.py_function` through DLPack (no host copy), and split the result
+back. Another backend gets its own module with the same functions.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.framework import ops as tf_ops
+from tensorflow.python.ops import control_flow_util
+
+from keras_mpfp16.optimizer.buckets import plan_buckets
+from keras_mpfp16.runtime import collectives, cuda, world
+
+
+def in_xla_context() -> bool:
+    """True while tracing a function compiled with XLA (`jit_compile=True`)."""
+    graph = tf_ops.get_default_graph()
+    return control_flow_util.GraphOrParentsInXlaContext(graph)
+
+
+def _host_reduce(op: str, wire_dtype: str):
+    def reduce(buf: np.ndarray):
+        out = collectives.allreduce_flat(buf, op=op, wire_dtype=wire_dtype)
+        return out, np.bool_(np.isfinite(out).all())
+
+    return reduce
+
+
+def _device_reduce(op: str, wire_dtype: str):
+    """Reduction of a GPU-resident bucket, handed to MPI as a device buffer."""
+
+    def reduce(buf: tf.Tensor):
+        import cupy
+
+        dev = cupy.from_dlpack(tf.experimental.dlpack.to_dlpack(buf))
+        if wire_dtype == "float32":
+            cuda.synchronize_device()
+            out = dev.copy()
+            w = world.world()
+            w.comm.Allreduce(w.mpi.IN_PLACE, out, op=w.mpi.SUM)
+            if op == "average":
+                out /= w.comm.Get_size()
+            cuda.path_counts["device"] += 1
+        else:  # 16-bit wires reduce on the host (see runtime/wire.py)
+            out = cupy.asarray(collectives.allreduce_flat(cupy.asnumpy(dev), op, wire_dtype))
+            cuda.path_counts["staged"] += 1
+        finite = bool(cupy.isfinite(out).all())
+        return tf.experimental.dlpack.from_dlpack(out.toDlpack()), finite
+
+    return reduce
+
+
+def _on_gpu(tensor: tf.Tensor) -> bool:
+    return "GPU" in (tensor.device or "").upper()
+
+
+def allreduce_gradients(grads, *, op: str, wire_dtype: str, bucket_bytes: int):
+    """Reduces a list of gradients across ranks inside a (compiled) train step.
+
+    Gradients are cast to float32, concatenated into buckets of about
+    `bucket_bytes` (planned in reverse order, so the last layers' gradients,
+    which backprop produces first, can be sent while earlier ones are still
+    being computed), reduced with one MPI call per bucket, and split back to
+    their shapes and dtypes. `None` entries pass through.
+
+    Returns:
+        `(reduced_grads, finite)`: the reduced gradients and a boolean scalar
+        tensor, True when every reduced value is finite. Both are identical on
+        all ranks, so decisions taken from them are global.
+    """
+    dense = [
+        None if g is None else tf.convert_to_tensor(g)  # IndexedSlices -> dense
+        for g in grads
+    ]
+    present = [i for i, g in enumerate(dense) if g is not None]
+    sizes = [int(np.prod(dense[i].shape)) * 4 for i in present]
+    reduced = list(dense)
+    finite_flags = []
+    use_device = cuda.cuda_aware() and any(_on_gpu(dense[i]) for i in present)
+    for bucket in plan_buckets(sizes, bucket_bytes):
+        idx = [present[j] for j in bucket]
+        flat = tf.concat([tf.reshape(tf.cast(dense[i], tf.float32), [-1]) for i in idx], 0)
+        if use_device:
+            out, finite = tf.py_function(
+                _device_reduce(op, wire_dtype), [flat], [tf.float32, tf.bool]
+            )
+        else:
+            # numpy_function is stateful, so tf.function's automatic control
+            # dependencies run the buckets' collectives in creation order on
+            # every rank: same MPI call sequence everywhere, no deadlock.
+            out, finite = tf.numpy_function(
+                _host_reduce(op, wire_dtype), [flat], [tf.float32, tf.bool], stateful=True
+            )
+        out.set_shape(flat.shape)
+        finite_flags.append(tf.reshape(finite, []))
+        parts = tf.split(out, [int(np.prod(dense[i].shape)) for i in idx])
+        for i, part in zip(idx, parts):
+            reduced[i] = tf.cast(tf.reshape(part, dense[i].shape), dense[i].dtype)
+    finite = tf.reduce_all(tf.stack(finite_flags)) if finite_flags else tf.constant(True)
+    return reduced, finite
+
+
+def raise_if(condition, message: str, *values) -> None:
+    """Stops training with `message` (formatted with tensor `values`) when True."""
+    text = tf.strings.format(message, values) if values else message
+    tf.debugging.Assert(tf.logical_not(condition), [text])
+
+
+# One "synced" flag per optimizer: a plain tf.Variable that Keras does not
+# track, so it is never saved and every new process syncs again.
+_sync_flags: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def sync_on_first_step(owner, variables, root: int = 0) -> None:
+    """In the train step: broadcast `variables` from `root` the first time only.
+
+    All ranks hold the flag False before their first step, so all take the
+    broadcast branch together.
+    """
+    flag = _sync_flags.get(owner)
+    if flag is None:
+        with tf.init_scope():
+            flag = tf.Variable(False, trainable=False, name="keras_mpfp16_synced")
+        _sync_flags[owner] = flag
+    variables = list(variables)
+
+    def broadcast(*arrays):
+        return collectives.broadcast_arrays(list(arrays), root=root)
+
+    def sync():
+        values = [tf.convert_to_tensor(v) for v in variables]
+        new = tf.numpy_function(broadcast, values, [v.dtype for v in values], stateful=True)
+        for var, value, old in zip(variables, new, values):
+            value.set_shape(old.shape)
+            var.assign(value)
+        flag.assign(True)
+
+    tf.cond(flag, lambda: None, sync)
+
+
+def broadcast_variables(variables, root: int = 0) -> None:
+    """Overwrites `variables` on every rank with their values on `root`.
+
+    Runs eagerly even when called while a function is being traced.
+    """
+    variables = list(variables)
+    if not variables or world.size() == 1:
+        return
+    with tf.init_scope():
+        values = [np.asarray(v.numpy()) for v in variables]
+        for v, value in zip(variables, collectives.broadcast_arrays(values, root=root)):
+            v.assign(value)
+
+
+def variable_values(variables) -> list[np.ndarray]:
+    """Host copies of variables' values (eager)."""
+    with tf.init_scope():
+        return [np.asarray(v.numpy()) for v in variables]

@@ -1,0 +1,38 @@
+"""Bucket planning for fused gradient reduction (pure arithmetic)."""
+
+from __future__ import annotations
+
+DEFAULT_BUCKET_MB = 25.0  # PyTorch DDP's default bucket size
+
+
+def plan_buckets(sizes: list[int], bucket_bytes: int) -> list[list[int]]:
+    """Groups gradients into buckets for fused allreduce.
+
+    Gradients are taken in *reverse* order (backprop produces the last
+    layer's gradients first) and packed greedily: a bucket is closed when the
+    next gradient would overflow it. A gradient larger than the bucket gets a
+    bucket of its own. When everything fits, there is exactly one bucket, so
+    one MPI call per step.
+
+    Args:
+        sizes: Byte size of each gradient, in variable order.
+        bucket_bytes: Target bucket size in bytes (> 0).
+
+    Returns:
+        Lists of indices into `sizes`, in the order the buckets are reduced.
+        Within a bucket indices are ascending.
+    """
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes must be > 0; received {bucket_bytes!r}.")
+    buckets: list[list[int]] = []
+    current: list[int] = []
+    filled = 0
+    for i in reversed(range(len(sizes))):
+        if current and filled + sizes[i] > bucket_bytes:
+            buckets.append(sorted(current))
+            current, filled = [], 0
+        current.append(i)
+        filled += sizes[i]
+    if current:
+        buckets.append(sorted(current))
+    return buckets

@@ -1,0 +1,365 @@
+"""DistributedOptimizer: synchronous data parallelism with global loss scaling."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+from keras import ops
+
+from keras_mpfp16 import backend as backends
+from keras_mpfp16 import runtime
+from keras_mpfp16.optimizer.buckets import DEFAULT_BUCKET_MB
+from keras_mpfp16.optimizer.loss_scale import LossScaleConfig, LossScaleState, transition
+
+def _resolve_optimizer(optimizer) -> keras.optimizers.Optimizer:
+    if isinstance(optimizer, DistributedOptimizer):
+        raise TypeError(
+            "The optimizer is already a DistributedOptimizer; wrap the plain "
+            "optimizer only once."
+        )
+    if isinstance(optimizer, (str, dict)):
+        try:
+            optimizer = keras.optimizers.get(optimizer)
+        except ValueError as exc:
+            raise ValueError(f"Unknown optimizer identifier {optimizer!r}: {exc}") from exc
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError(
+            "`optimizer` must be a keras.optimizers.Optimizer instance or an "
+            f"identifier string such as 'adam'; received an object of type "
+            f"{type(optimizer).__name__}."
+        )
+    return optimizer
+
+
+@keras.saving.register_keras_serializable(package="keras_mpfp16")
+class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
+    """Wraps a Keras optimizer to train one model synchronously on all MPI ranks.
+
+    On every update step inside `model.fit` the gradients of all ranks are
+    averaged (fused into buckets, one MPI call per bucket), then a single
+    decision is taken from the *reduced* gradients, so it is identical on every
+    rank: if they are finite the step is applied, otherwise it is skipped and
+    the loss scale backs off. Before the first update, rank 0's weights and
+    optimizer state are broadcast, so ranks that built their models from
+    different random seeds train one model.
+
+    It subclasses `keras.optimizers.LossScaleOptimizer`, so `compile()` under
+    the `mixed_float16` policy uses it as it is instead of wrapping it again.
+    Loss scaling is dynamic under `mixed_float16` (`loss_scale="auto"`) and off
+    under `float32` and `mixed_bfloat16`, where non-finite steps are still
+    skipped and `max_consecutive_nonfinite` of them in a row stop training.
+
+    With one process there are no MPI calls in the train step.
+
+    Args:
+        optimizer: A Keras optimizer instance or identifier (`"adam"`). A
+            `keras.optimizers.LossScaleOptimizer` is unwrapped (its scale
+            settings are kept unless given here). Its
+            `gradient_accumulation_steps` is taken over: gradients are
+            accumulated locally and reduced once per update step.
+        op: `"average"` (default) or `"sum"` of the ranks' gradients.
+        wire_dtype: `"float32"` (default), `"float16"` or `"bfloat16"`: the
+            format gradients cross the network in. 16-bit formats halve the
+            bytes; the sum is always accumulated in float32 (see
+            `keras_mpfp16.runtime.wire`).
+        bucket_size_mb: Size of the fused reduction buckets in megabytes
+            (float32 bytes). Gradients that fit in one bucket need one MPI call
+            per step; smaller buckets let communication start earlier.
+        loss_scale: `"auto"` (scale under the `mixed_float16` policy only),
+            `True` or `False`.
+        initial_scale: Starting loss scale.
+        growth_interval: Finite steps in a row before the scale grows.
+        growth_factor: Growth multiplier (> 1).
+        backoff_factor: Backoff multiplier in (0, 1).
+        hysteresis: Non-finite steps in a row tolerated before backing off.
+        min_scale: Lowest scale; a backoff due at this scale stops training
+            with an error naming the step and the scale.
+        max_scale: Highest scale.
+        max_consecutive_nonfinite: Without loss scaling, non-finite steps in a
+            row that stop training.
+        gradient_accumulation_steps: Alternative to setting it on the inner
+            optimizer.
+        name: Optional name.
+
+    Example:
+
+    ```python
+    import keras
+    import keras_mpfp16 as kmp
+
+    model.compile(optimizer=kmp.DistributedOptimizer("adam"), loss="mse")
+    model.fit(*kmp.shard(x, y), batch_size=64, epochs=3)
+    ```
+    """
+
+    def __init__(
+        self,
+        optimizer: keras.optimizers.Optimizer | str,
+        op: str = "average",
+        wire_dtype: str = "float32",
+        bucket_size_mb: float = DEFAULT_BUCKET_MB,
+        loss_scale: str | bool = "auto",
+        initial_scale: float | None = None,
+        growth_interval: int | None = None,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        hysteresis: int = 1,
+        min_scale: float = 1.0,
+        max_scale: float = 2.0**24,
+        max_consecutive_nonfinite: int = 10,
+        gradient_accumulation_steps: int | None = None,
+        name: str | None = None,
+    ):
+        inner = _resolve_optimizer(optimizer)
+        if isinstance(inner, keras.optimizers.LossScaleOptimizer):
+            initial_scale = initial_scale or inner.initial_scale
+            growth_interval = growth_interval or inner.dynamic_growth_steps
+            inner = inner.inner_optimizer
+        if op not in ("average", "sum"):
+            raise ValueError(f"Unknown op {op!r}; allowed values are 'average', 'sum'.")
+        wire_dtype = runtime.validate_wire_dtype(wire_dtype)
+        if not _is_number(bucket_size_mb) or not bucket_size_mb > 0:
+            raise ValueError(
+                f"bucket_size_mb must be a number > 0; received {bucket_size_mb!r}."
+            )
+        if not (loss_scale == "auto" or isinstance(loss_scale, bool)):
+            raise ValueError(
+                f"Unknown loss_scale {loss_scale!r}; allowed values are 'auto', True, False."
+            )
+        accum = _resolve_accumulation(gradient_accumulation_steps, inner)
+        config = LossScaleConfig(
+            enabled=True,  # "auto" is resolved in build(), once the policy is final
+            initial_scale=float(initial_scale or 2.0**15),
+            growth_interval=2000 if growth_interval is None else growth_interval,
+            growth_factor=growth_factor,
+            backoff_factor=backoff_factor,
+            hysteresis=hysteresis,
+            min_scale=min_scale,
+            max_scale=max_scale,
+            max_consecutive_nonfinite=max_consecutive_nonfinite,
+        )
+        runtime.init()
+        # We accumulate ourselves so gradients are reduced once per update;
+        # the inner optimizer then only ever sees update steps.
+        inner.gradient_accumulation_steps = None
+        super().__init__(
+            inner,
+            initial_scale=config.initial_scale,
+            dynamic_growth_steps=config.growth_interval,
+            name=name,
+        )
+        self.loss_scale_config = config
+        self.op = op
+        self.wire_dtype = wire_dtype
+        self.bucket_size_mb = float(bucket_size_mb)
+        self.loss_scale = loss_scale
+        self.accumulation_steps = accum
+        self._policy_at_init = keras.config.dtype_policy().name
+
+    # -- state -----------------------------------------------------------------
+
+    @property
+    def loss_scaling(self) -> bool:
+        """Whether the loss is scaled (resolved from `loss_scale` at build)."""
+        if self.loss_scale == "auto":
+            return "mixed_float16" in (self._policy_at_init, keras.config.dtype_policy().name)
+        return bool(self.loss_scale)
+
+    def build(self, var_list):
+        if self.built:
+            return
+        cfg = self.loss_scale_config
+        self.loss_scale_config = LossScaleConfig(**{**cfg.to_dict(), "enabled": self.loss_scaling})
+        init = self.loss_scale_config.initial_state()
+
+        def scalar(name, value, dtype):
+            return self.add_variable(
+                shape=(),
+                dtype=dtype,
+                initializer=keras.initializers.Constant(value),
+                aggregation="none",
+                name=name,
+            )
+
+        # Names of the first two match keras.optimizers.LossScaleOptimizer.
+        self.dynamic_scale = scalar("dynamic_scale", init.scale, "float32")
+        self.step_counter = scalar("step_counter", 0, "int32")
+        self.hysteresis_left = scalar("hysteresis_left", init.hysteresis_left, "int32")
+        self.nonfinite_streak = scalar("nonfinite_streak", 0, "int32")
+        self.skipped_steps = scalar("skipped_steps", 0, "int64")
+        if self.accumulation_steps:
+            self.micro_step = scalar("micro_step", 0, "int64")
+            self._accumulators = [
+                self.add_variable_from_reference(v, name="gradient_accumulator")
+                for v in var_list
+            ]
+        self.inner_optimizer.build(var_list)
+        keras.optimizers.Optimizer.build(self, var_list)
+        backends.bridge()  # raises now, not mid-step, on a backend without a bridge
+
+    def scale_loss(self, loss):
+        if not self.loss_scaling:
+            return loss
+        scale = self.dynamic_scale if self.built else self.initial_scale
+        return ops.multiply(loss, ops.cast(scale, loss.dtype))
+
+    # -- the train-step hot path --------------------------------------------------
+
+    def apply(self, grads, trainable_variables=None):
+        if not self.built:
+            self.build(trainable_variables)
+        variables = (
+            list(trainable_variables)
+            if trainable_variables is not None
+            else list(self._trainable_variables)
+        )
+        grads = list(grads)
+        if runtime.size() > 1:
+            # Before the first update: rank 0's weights, optimizer state and
+            # loss scale everywhere. Done inside the step because on the
+            # TensorFlow backend the optimizer (and a subclassed model) is
+            # built while the train function is traced, when variables have
+            # no values yet.
+            backends.bridge().sync_on_first_step(self, variables + self.variables)
+        if not self.accumulation_steps:
+            self._reduce_and_apply(grads, variables)
+            return
+        k = self.accumulation_steps
+        accs = [self._accumulators[self._get_variable_index(v)] for v in variables]
+
+        def update():
+            total = [None if g is None else (g + a) / k for g, a in zip(grads, accs)]
+            self._reduce_and_apply(total, variables)
+            for a in accs:
+                a.assign(ops.zeros_like(a))
+
+        def accumulate():
+            for g, a in zip(grads, accs):
+                if g is not None:
+                    a.assign_add(g)
+
+        # The condition depends only on a counter that is equal on all ranks,
+        # so all ranks take the same branch and call MPI together.
+        ops.cond(ops.equal((self.micro_step + 1) % k, 0), update, accumulate)
+        self.micro_step.assign_add(1)
+
+    def _reduce_and_apply(self, grads, variables):
+        bridge = backends.bridge()
+        passthrough = [self._overwrite_variable_with_gradient(v) for v in variables]
+        if runtime.size() > 1:
+            if bridge.in_xla_context():
+                raise RuntimeError(
+                    "DistributedOptimizer cannot run inside an XLA-compiled function: "
+                    "the gradient allreduce is an MPI call from the host. Compile "
+                    "the model with jit_compile=False."
+                )
+            to_reduce = [None if p else g for g, p in zip(grads, passthrough)]
+            reduced, finite = bridge.allreduce_gradients(
+                to_reduce,
+                op=self.op,
+                wire_dtype=self.wire_dtype,
+                bucket_bytes=int(self.bucket_size_mb * 2**20),
+            )
+            grads = [g if p else r for g, r, p in zip(grads, reduced, passthrough)]
+        else:
+            finite = self.check_finite(grads)
+
+        cfg = self.loss_scale_config
+        state = LossScaleState(
+            ops.convert_to_tensor(self.dynamic_scale),
+            ops.convert_to_tensor(self.step_counter),
+            ops.convert_to_tensor(self.hysteresis_left),
+            ops.convert_to_tensor(self.nonfinite_streak),
+        )
+        new_state, apply, failed = transition(state, finite, cfg, ops)
+        # Train steps so far, applied or skipped (0-based, like `iterations`).
+        step = ops.add(
+            ops.cast(self.iterations, "int64"), ops.convert_to_tensor(self.skipped_steps)
+        )
+        if cfg.enabled:
+            message = (
+                "keras_mpfp16: gradients were non-finite on train step {} and the "
+                "loss scale is already at its minimum {} (min_scale); training cannot "
+                "proceed. Check the inputs and the model for NaN/Inf, or lower min_scale."
+            )
+            bridge.raise_if(failed, message, step, state.scale)
+        else:
+            message = (
+                "keras_mpfp16: gradients were non-finite on {} consecutive steps "
+                "(up to train step {}); training stops instead of applying NaN/Inf. "
+                "Check the inputs and the model, or raise max_consecutive_nonfinite."
+            )
+            bridge.raise_if(failed, message, new_state.nonfinite_streak, step)
+
+        scale = state.scale
+
+        def apply_update():
+            unscaled = [
+                g if g is None or p or not cfg.enabled else g / ops.cast(scale, g.dtype)
+                for g, p in zip(grads, passthrough)
+            ]
+            self.inner_optimizer.apply(unscaled, trainable_variables=variables)
+
+        ops.cond(apply, apply_update, lambda: None)
+        self.dynamic_scale.assign(new_state.scale)
+        self.step_counter.assign(new_state.good_steps)
+        self.hysteresis_left.assign(new_state.hysteresis_left)
+        self.nonfinite_streak.assign(new_state.nonfinite_streak)
+        self.skipped_steps.assign_add(ops.cast(ops.logical_not(apply), "int64"))
+
+    def stateless_apply(self, optimizer_variables, grads, trainable_variables):
+        raise NotImplementedError(
+            "DistributedOptimizer runs on the TensorFlow backend (stateful apply); "
+            "stateless_apply (JAX) is not supported yet."
+        )
+
+    # -- serialization --------------------------------------------------------------
+
+    def get_config(self) -> dict[str, Any]:
+        cfg = self.loss_scale_config
+        return {
+            "name": self.name,
+            "optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),
+            "op": self.op,
+            "wire_dtype": self.wire_dtype,
+            "bucket_size_mb": self.bucket_size_mb,
+            "loss_scale": self.loss_scale,
+            "initial_scale": cfg.initial_scale,
+            "growth_interval": cfg.growth_interval,
+            "growth_factor": cfg.growth_factor,
+            "backoff_factor": cfg.backoff_factor,
+            "hysteresis": cfg.hysteresis,
+            "min_scale": cfg.min_scale,
+            "max_scale": cfg.max_scale,
+            "max_consecutive_nonfinite": cfg.max_consecutive_nonfinite,
+            "gradient_accumulation_steps": self.accumulation_steps,
+        }
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        inner = keras.saving.deserialize_keras_object(
+            config.pop("optimizer"), custom_objects=custom_objects
+        )
+        return cls(inner, **config)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _resolve_accumulation(steps, inner) -> int | None:
+    inner_steps = inner.gradient_accumulation_steps
+    if steps is not None:
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(
+                f"gradient_accumulation_steps must be an integer >= 1; received {steps!r}."
+            )
+        if inner_steps and inner_steps != steps:
+            raise ValueError(
+                f"gradient_accumulation_steps={steps} conflicts with the inner "
+                f"optimizer's gradient_accumulation_steps={inner_steps}."
+            )
+    steps = steps or inner_steps
+    return steps if steps and steps > 1 else None

@@ -1,0 +1,233 @@
+"""Numpy-level collectives over the library's communicator.
+
+These are what the optimizer, callbacks and data helpers use; none of them
+knows about Keras. Device arrays (CuPy, or anything exposing DLPack on a GPU)
+are reduced in place on the GPU when MPI is CUDA-aware and staged through host
+memory otherwise.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from keras_mpfp16.runtime import cuda
+from keras_mpfp16.runtime.wire import lowp_allreduce_sum, validate_wire_dtype
+from keras_mpfp16.runtime.world import world
+
+REDUCE_OPS = ("average", "sum", "min", "max")
+
+
+def validate_op(op: str) -> str:
+    if op not in REDUCE_OPS:
+        raise ValueError(
+            f"Unknown reduction op {op!r}; allowed values are {', '.join(REDUCE_OPS)}."
+        )
+    return op
+
+
+def _mpi_op(MPI, op: str):
+    return {"average": MPI.SUM, "sum": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX}[op]
+
+
+def allreduce(x: Any, op: str = "average") -> Any:
+    """Reduces `x` element-wise over all ranks and returns the result everywhere.
+
+    Args:
+        x: A number, a numpy array, or a GPU array (CuPy / DLPack). Every rank
+            must pass the same shape and dtype.
+        op: `"average"` (default), `"sum"`, `"min"` or `"max"`. Averages of
+            integer inputs are returned as float64.
+
+    Returns:
+        A new array of the same shape (numpy for host input, CuPy for device
+        input); a Python scalar input gives a numpy scalar.
+
+    Example:
+
+    ```python
+    import numpy as np
+    import keras_mpfp16 as kmp
+
+    mean_loss = kmp.allreduce(np.float64(local_loss))
+    ```
+    """
+    validate_op(op)
+    w = world()
+    if cuda.is_device_array(x):
+        return _allreduce_device(w, x, op)
+    arr = np.asarray(x)
+    scalar = arr.ndim == 0
+    send = np.ascontiguousarray(arr.reshape(-1) if not scalar else arr.reshape(1))
+    out = np.empty_like(send)
+    if w.comm.Get_size() == 1:
+        out[...] = send
+    else:
+        w.comm.Allreduce(send, out, op=_mpi_op(w.mpi, op))
+    if op == "average":
+        out = _divide(out, w.comm.Get_size())
+    out = out.reshape(arr.shape)
+    return out[()] if scalar else out
+
+
+def _divide(out: np.ndarray, n: int) -> np.ndarray:
+    if np.issubdtype(out.dtype, np.inexact):
+        np.divide(out, n, out=out)
+        return out
+    return out.astype(np.float64) / n
+
+
+def _allreduce_device(w, x, op):
+    xp_arr = cuda.as_cupy(x)
+    if cuda.cuda_aware():
+        cuda.synchronize_device()
+        out = xp_arr.copy()
+        if w.comm.Get_size() > 1:
+            w.comm.Allreduce(w.mpi.IN_PLACE, out, op=_mpi_op(w.mpi, op))
+        cuda.path_counts["device"] += 1
+        if op == "average":
+            out /= w.comm.Get_size()
+        return out
+    import cupy
+
+    host = cupy.asnumpy(xp_arr)
+    cuda.path_counts["staged"] += 1
+    return cupy.asarray(allreduce(host, op=op))
+
+
+def allreduce_flat(buf: np.ndarray, op: str = "average", wire_dtype: str = "float32"):
+    """Fused reduction of one flat float32 buffer: the gradient hot path.
+
+    Args:
+        buf: 1-D float32 array; it is not modified.
+        op: `"average"` or `"sum"`.
+        wire_dtype: `"float32"`, `"float16"` or `"bfloat16"` (see `wire.py`).
+
+    Returns:
+        A new 1-D float32 array with the reduced values.
+    """
+    w = world()
+    n = w.comm.Get_size()
+    if wire_dtype == "float32":
+        out = np.empty_like(buf)
+        w.comm.Allreduce(buf, out, op=w.mpi.SUM)
+    else:
+        out = lowp_allreduce_sum(w.comm, buf, wire_dtype)
+    if op == "average":
+        np.divide(out, np.float32(n), out=out)
+    return out
+
+
+def allgather(x: Any) -> np.ndarray:
+    """Concatenates every rank's array along the first axis, in rank order.
+
+    Ranks may contribute different numbers of rows; the other dimensions and
+    the dtype must agree. A scalar counts as one row.
+
+    Args:
+        x: A number or numpy array.
+
+    Returns:
+        The concatenation, identical on every rank.
+
+    Raises:
+        ValueError: if ranks disagree on the trailing shape or dtype (the
+            message names the ranks).
+    """
+    w = world()
+    arr = np.ascontiguousarray(np.asarray(x))
+    if arr.ndim == 0:
+        arr = arr.reshape(1)
+    metas = w.comm.allgather((arr.shape, arr.dtype.str))
+    first_shape, first_dtype = metas[0][0][1:], metas[0][1]
+    for r, (shape, dtype) in enumerate(metas):
+        if shape[1:] != first_shape or dtype != first_dtype:
+            raise ValueError(
+                "allgather needs the same trailing shape and dtype on every rank: "
+                f"rank 0 has {first_shape}/{np.dtype(first_dtype)}, "
+                f"rank {r} has {shape[1:]}/{np.dtype(dtype)}."
+            )
+    rows = [m[0][0] for m in metas]
+    row_elems = int(np.prod(first_shape, dtype=np.int64))
+    out = np.empty((sum(rows),) + tuple(first_shape), dtype=arr.dtype)
+    if w.comm.Get_size() == 1:
+        out[...] = arr
+        return out
+    counts = [r * row_elems * arr.dtype.itemsize for r in rows]
+    displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
+    byte = w.mpi.BYTE
+    w.comm.Allgatherv([arr.view(np.uint8).reshape(-1), byte], [out.view(np.uint8).reshape(-1), (counts, displs), byte])
+    return out
+
+
+def _check_root(root: int, n: int) -> None:
+    if not isinstance(root, (int, np.integer)) or not 0 <= root < n:
+        raise ValueError(f"root must be a rank in [0, {n - 1}]; received {root!r}.")
+
+
+def broadcast(obj: Any, root: int = 0) -> Any:
+    """Sends `obj` from rank `root` to every rank.
+
+    Numpy arrays travel as raw buffers (receivers need not know the shape);
+    anything else is pickled.
+
+    Args:
+        obj: The value on `root`; ignored on other ranks.
+        root: The sending rank.
+
+    Returns:
+        `root`'s value, on every rank.
+    """
+    w = world()
+    _check_root(root, w.comm.Get_size())
+    if w.comm.Get_size() == 1:
+        return obj
+    is_array = isinstance(obj, np.ndarray)
+    meta = (obj.shape, obj.dtype.str) if is_array else None
+    meta = w.comm.bcast(meta if w.comm.Get_rank() == root else None, root=root)
+    if meta is None:
+        return w.comm.bcast(obj, root=root)
+    shape, dtype = meta
+    buf = np.require(obj, requirements="C") if w.comm.Get_rank() == root else np.empty(shape, dtype)
+    w.comm.Bcast(buf.view(np.uint8).reshape(-1), root=root)
+    return buf
+
+
+def broadcast_arrays(arrays: list[np.ndarray], root: int = 0) -> list[np.ndarray]:
+    """Broadcasts a list of arrays in one fused call (shapes must already agree).
+
+    Used for the initial weight sync: one `Bcast` of all the bytes instead of
+    one per variable.
+    """
+    w = world()
+    _check_root(root, w.comm.Get_size())
+    if w.comm.Get_size() == 1 or not arrays:
+        return list(arrays)
+    # np.require keeps 0-d arrays 0-d (np.ascontiguousarray would make them 1-d).
+    arrays = [np.require(a, requirements="C") for a in arrays]
+    nbytes = [a.nbytes for a in arrays]
+    buf = np.empty(sum(nbytes), dtype=np.uint8)
+    if w.comm.Get_rank() == root:
+        offset = 0
+        for a, nb in zip(arrays, nbytes):
+            buf[offset : offset + nb] = a.reshape(-1).view(np.uint8)
+            offset += nb
+    w.comm.Bcast(buf, root=root)
+    out, offset = [], 0
+    for a, nb in zip(arrays, nbytes):
+        out.append(buf[offset : offset + nb].view(a.dtype).reshape(a.shape).copy())
+        offset += nb
+    return out
+
+
+__all__ = [
+    "REDUCE_OPS",
+    "allgather",
+    "allreduce",
+    "allreduce_flat",
+    "broadcast",
+    "broadcast_arrays",
+    "validate_op",
+    "validate_wire_dtype",
+]

@@ -1,0 +1,97 @@
+"""Per-rank thread-pool defaults for ranks that share a node.
+
+A deep-learning backend sizes its thread pools from the cores it can see. When
+several ranks share a node without core binding, each would start one
+compute thread per core and they would fight over the cores. The defaults
+here give each rank its share. They are applied through environment variables
+that the backends read when their thread pools start, so they must be set
+before the first tensor operation: `import keras_mpfp16` does it.
+
+User control: set `KERAS_MPFP16_THREADS` to `"off"` to leave everything as it
+is, or to `"INTRA,INTER"` (e.g. `"4,2"`) to choose. Variables the user already
+set (`TF_NUM_INTRAOP_THREADS`, `TF_NUM_INTEROP_THREADS`, `OMP_NUM_THREADS`) are
+never overwritten.
+"""
+
+from __future__ import annotations
+
+import os
+
+from keras_mpfp16.runtime.world import launcher_local_size
+
+ENV_VAR = "KERAS_MPFP16_THREADS"
+
+# One inter-op thread runs the gradient allreduce while the other keeps
+# executing the graph, so communication can overlap computation.
+DEFAULT_INTER_OP = 2
+
+applied: dict[str, str] = {}
+
+
+def visible_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def default_thread_counts(cores: int, total_cores: int, local_size: int) -> tuple[int, int]:
+    """(intra-op, inter-op) threads for one rank.
+
+    Args:
+        cores: cores this process may run on (its affinity mask).
+        total_cores: cores in the node.
+        local_size: ranks on this node.
+
+    Returns:
+        The thread counts. A rank pinned to a subset of cores uses all of them;
+        an unpinned rank gets `total_cores // local_size` (at least 1).
+    """
+    if local_size < 1:
+        raise ValueError(f"local_size must be >= 1; received {local_size}.")
+    pinned = cores < total_cores
+    intra = cores if pinned else max(1, total_cores // local_size)
+    return max(1, intra), DEFAULT_INTER_OP
+
+
+def parse_override(value: str) -> tuple[int, int] | None:
+    """Parses `KERAS_MPFP16_THREADS`; None means "leave the backend alone"."""
+    value = value.strip().lower()
+    if value in ("off", "none", "0", "false"):
+        return None
+    parts = value.split(",")
+    if len(parts) == 2 and all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        return int(parts[0]), int(parts[1])
+    raise ValueError(
+        f"{ENV_VAR}={value!r} is not understood; use 'off' or 'INTRA,INTER' "
+        "with positive integers, e.g. '4,2'."
+    )
+
+
+def apply_thread_defaults() -> dict[str, str]:
+    """Sets the thread environment variables for this rank (see module docstring).
+
+    Returns:
+        The variables that were set (empty when nothing was changed).
+    """
+    override = os.environ.get(ENV_VAR)
+    if override is not None:
+        counts = parse_override(override)
+    else:
+        local = launcher_local_size()
+        if local is None or local <= 1:
+            return {}  # a lone process: the backend's own defaults are right
+        counts = default_thread_counts(visible_cores(), os.cpu_count() or 1, local)
+    if counts is None:
+        return {}
+    intra, inter = counts
+    wanted = {
+        "TF_NUM_INTRAOP_THREADS": str(intra),
+        "TF_NUM_INTEROP_THREADS": str(inter),
+        "OMP_NUM_THREADS": str(intra),
+    }
+    for key, val in wanted.items():
+        if key not in os.environ:
+            os.environ[key] = val
+            applied[key] = val
+    return dict(applied)
