@@ -8,6 +8,9 @@ import keras_mpfp16 as kmp
 x, y = kmp.shard(x, y)
 model.compile(optimizer=kmp.DistributedOptimizer("adam"), loss=...)
 ```
+
+Importing the package registers its Keras objects for `.keras` files. The
+`runtime` subpackage itself never imports Keras.
 """
 
 # Thread defaults must be in the environment before the backend starts its
@@ -16,8 +19,8 @@ from keras_mpfp16.runtime import threads as _threads
 
 _threads.apply_thread_defaults()
 
-from keras_mpfp16 import _keras_compat  # noqa: E402
-from keras_mpfp16.optimizer import DistributedOptimizer  # noqa: E402
+from keras_mpfp16 import optimizer, runtime  # noqa: E402
+from keras_mpfp16.optimizer import DistributedOptimizer, broadcast_variables  # noqa: E402
 from keras_mpfp16.runtime import (  # noqa: E402
     allgather,
     allreduce,
@@ -32,8 +35,6 @@ from keras_mpfp16.runtime import (  # noqa: E402
     size,
 )
 
-_keras_compat.install_jit_guard()
-
 __version__ = "0.1.0.dev0"
 
 __all__ = [
@@ -42,11 +43,14 @@ __all__ = [
     "allreduce",
     "barrier",
     "broadcast",
+    "broadcast_variables",
     "cuda_aware",
     "init",
     "is_root",
     "local_rank",
     "local_size",
+    "optimizer",
     "rank",
+    "runtime",
     "size",
 ]

@@ -9,6 +9,7 @@ back. Another backend gets its own module with the same functions.
 
 from __future__ import annotations
 
+import warnings
 import weakref
 
 import numpy as np
@@ -50,7 +51,9 @@ def _device_reduce(op: str, wire_dtype: str):
                 out /= w.comm.Get_size()
             cuda.path_counts["device"] += 1
         else:  # 16-bit wires reduce on the host (see runtime/wire.py)
-            out = cupy.asarray(collectives.allreduce_flat(cupy.asnumpy(dev), op, wire_dtype))
+            out = cupy.asarray(
+                collectives.allreduce_flat(cupy.asnumpy(dev), op, wire_dtype)
+            )
             cuda.path_counts["staged"] += 1
         finite = bool(cupy.isfinite(out).all())
         return tf.experimental.dlpack.from_dlpack(out.toDlpack()), finite
@@ -87,7 +90,9 @@ def allreduce_gradients(grads, *, op: str, wire_dtype: str, bucket_bytes: int):
     use_device = cuda.cuda_aware() and any(_on_gpu(dense[i]) for i in present)
     for bucket in plan_buckets(sizes, bucket_bytes):
         idx = [present[j] for j in bucket]
-        flat = tf.concat([tf.reshape(tf.cast(dense[i], tf.float32), [-1]) for i in idx], 0)
+        flat = tf.concat(
+            [tf.reshape(tf.cast(dense[i], tf.float32), [-1]) for i in idx], 0
+        )
         if use_device:
             out, finite = tf.py_function(
                 _device_reduce(op, wire_dtype), [flat], [tf.float32, tf.bool]
@@ -97,19 +102,39 @@ def allreduce_gradients(grads, *, op: str, wire_dtype: str, bucket_bytes: int):
             # dependencies run the buckets' collectives in creation order on
             # every rank: same MPI call sequence everywhere, no deadlock.
             out, finite = tf.numpy_function(
-                _host_reduce(op, wire_dtype), [flat], [tf.float32, tf.bool], stateful=True
+                _host_reduce(op, wire_dtype),
+                [flat],
+                [tf.float32, tf.bool],
+                stateful=True,
             )
         out.set_shape(flat.shape)
         finite_flags.append(tf.reshape(finite, []))
         parts = tf.split(out, [int(np.prod(dense[i].shape)) for i in idx])
         for i, part in zip(idx, parts):
             reduced[i] = tf.cast(tf.reshape(part, dense[i].shape), dense[i].dtype)
-    finite = tf.reduce_all(tf.stack(finite_flags)) if finite_flags else tf.constant(True)
+    finite = (
+        tf.reduce_all(tf.stack(finite_flags)) if finite_flags else tf.constant(True)
+    )
     return reduced, finite
 
 
+_XLA_ASSERT_WARNING = (
+    "keras_mpfp16: this train step is compiled with XLA, which cannot raise "
+    "errors from inside the step; non-finite steps are still skipped, but "
+    "persistent non-finite gradients will not stop training. Compile with "
+    "jit_compile=False to get the error."
+)
+
+
 def raise_if(condition, message: str, *values) -> None:
-    """Stops training with `message` (formatted with tensor `values`) when True."""
+    """Stops training with `message` (formatted with tensor `values`) when True.
+
+    Under XLA (only reachable with one process: with more, the XLA guard
+    turns compilation off) assertions cannot be compiled; we warn once.
+    """
+    if in_xla_context():
+        warnings.warn(_XLA_ASSERT_WARNING, stacklevel=2)
+        return
     text = tf.strings.format(message, values) if values else message
     tf.debugging.Assert(tf.logical_not(condition), [text])
 
@@ -137,7 +162,9 @@ def sync_on_first_step(owner, variables, root: int = 0) -> None:
 
     def sync():
         values = [tf.convert_to_tensor(v) for v in variables]
-        new = tf.numpy_function(broadcast, values, [v.dtype for v in values], stateful=True)
+        new = tf.numpy_function(
+            broadcast, values, [v.dtype for v in values], stateful=True
+        )
         for var, value, old in zip(variables, new, values):
             value.set_shape(old.shape)
             var.assign(value)

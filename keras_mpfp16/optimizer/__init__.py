@@ -1,6 +1,22 @@
 """Optimizer side: the DistributedOptimizer, loss scaling and bucket planning."""
 
-from keras_mpfp16.optimizer.distributed_optimizer import DistributedOptimizer
-from keras_mpfp16.optimizer.loss_scale import LossScaleConfig, LossScaleState, transition
+from keras_mpfp16 import _keras_compat
+from keras_mpfp16.optimizer.distributed_optimizer import (
+    DistributedOptimizer,
+    broadcast_variables,
+)
+from keras_mpfp16.optimizer.loss_scale import (
+    LossScaleConfig,
+    LossScaleState,
+    transition,
+)
 
-__all__ = ["DistributedOptimizer", "LossScaleConfig", "LossScaleState", "transition"]
+_keras_compat.install_jit_guard()
+
+__all__ = [
+    "DistributedOptimizer",
+    "LossScaleConfig",
+    "LossScaleState",
+    "broadcast_variables",
+    "transition",
+]

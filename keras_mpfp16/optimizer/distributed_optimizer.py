@@ -10,7 +10,12 @@ from keras import ops
 from keras_mpfp16 import backend as backends
 from keras_mpfp16 import runtime
 from keras_mpfp16.optimizer.buckets import DEFAULT_BUCKET_MB
-from keras_mpfp16.optimizer.loss_scale import LossScaleConfig, LossScaleState, transition
+from keras_mpfp16.optimizer.loss_scale import (
+    LossScaleConfig,
+    LossScaleState,
+    transition,
+)
+
 
 def _resolve_optimizer(optimizer) -> keras.optimizers.Optimizer:
     if isinstance(optimizer, DistributedOptimizer):
@@ -22,7 +27,9 @@ def _resolve_optimizer(optimizer) -> keras.optimizers.Optimizer:
         try:
             optimizer = keras.optimizers.get(optimizer)
         except ValueError as exc:
-            raise ValueError(f"Unknown optimizer identifier {optimizer!r}: {exc}") from exc
+            raise ValueError(
+                f"Unknown optimizer identifier {optimizer!r}: {exc}"
+            ) from exc
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(
             "`optimizer` must be a keras.optimizers.Optimizer instance or an "
@@ -163,14 +170,19 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
     def loss_scaling(self) -> bool:
         """Whether the loss is scaled (resolved from `loss_scale` at build)."""
         if self.loss_scale == "auto":
-            return "mixed_float16" in (self._policy_at_init, keras.config.dtype_policy().name)
+            return "mixed_float16" in (
+                self._policy_at_init,
+                keras.config.dtype_policy().name,
+            )
         return bool(self.loss_scale)
 
     def build(self, var_list):
         if self.built:
             return
         cfg = self.loss_scale_config
-        self.loss_scale_config = LossScaleConfig(**{**cfg.to_dict(), "enabled": self.loss_scaling})
+        self.loss_scale_config = LossScaleConfig(
+            **{**cfg.to_dict(), "enabled": self.loss_scaling}
+        )
         init = self.loss_scale_config.initial_state()
 
         def scalar(name, value, dtype):
@@ -275,7 +287,8 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         new_state, apply, failed = transition(state, finite, cfg, ops)
         # Train steps so far, applied or skipped (0-based, like `iterations`).
         step = ops.add(
-            ops.cast(self.iterations, "int64"), ops.convert_to_tensor(self.skipped_steps)
+            ops.cast(self.iterations, "int64"),
+            ops.convert_to_tensor(self.skipped_steps),
         )
         if cfg.enabled:
             message = (
@@ -363,3 +376,25 @@ def _resolve_accumulation(steps, inner) -> int | None:
             )
     steps = steps or inner_steps
     return steps if steps and steps > 1 else None
+
+
+def broadcast_variables(variables, root_rank: int = 0) -> None:
+    """Makes `variables` equal on all ranks by copying `root_rank`'s values.
+
+    The DistributedOptimizer syncs the model and its own state before the
+    first update by itself; call this after changing weights on some ranks
+    only (for example `load_weights` on rank 0).
+
+    Args:
+        variables: Keras variables (e.g. `model.variables`).
+        root_rank: The rank whose values win.
+
+    Example:
+
+    ```python
+    if kmp.rank() == 0:
+        model.load_weights("best.weights.h5")
+    kmp.broadcast_variables(model.variables)
+    ```
+    """
+    backends.bridge().broadcast_variables(variables, root=root_rank)

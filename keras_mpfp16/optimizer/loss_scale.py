@@ -65,7 +65,9 @@ class LossScaleConfig:
             if not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"{name} must be a number > 0; received {value!r}.")
         if not self.growth_factor > 1:
-            raise ValueError(f"growth_factor must be > 1; received {self.growth_factor!r}.")
+            raise ValueError(
+                f"growth_factor must be > 1; received {self.growth_factor!r}."
+            )
         if not 0 < self.backoff_factor < 1:
             raise ValueError(
                 f"backoff_factor must be in (0, 1); received {self.backoff_factor!r}."

@@ -157,7 +157,10 @@ def allgather(x: Any) -> np.ndarray:
     counts = [r * row_elems * arr.dtype.itemsize for r in rows]
     displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
     byte = w.mpi.BYTE
-    w.comm.Allgatherv([arr.view(np.uint8).reshape(-1), byte], [out.view(np.uint8).reshape(-1), (counts, displs), byte])
+    w.comm.Allgatherv(
+        [arr.view(np.uint8).reshape(-1), byte],
+        [out.view(np.uint8).reshape(-1), (counts, displs), byte],
+    )
     return out
 
 
@@ -189,7 +192,11 @@ def broadcast(obj: Any, root: int = 0) -> Any:
     if meta is None:
         return w.comm.bcast(obj, root=root)
     shape, dtype = meta
-    buf = np.require(obj, requirements="C") if w.comm.Get_rank() == root else np.empty(shape, dtype)
+    buf = (
+        np.require(obj, requirements="C")
+        if w.comm.Get_rank() == root
+        else np.empty(shape, dtype)
+    )
     w.comm.Bcast(buf.view(np.uint8).reshape(-1), root=root)
     return buf
 

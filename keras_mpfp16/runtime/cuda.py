@@ -46,7 +46,9 @@ def _query_library() -> bool:
                 continue
             if symbol == "MPIX_GPU_query_support":  # MPICH: (gpu_type, *is_supported)
                 out = ctypes.c_int(0)
-                if fn(ctypes.c_int(1), ctypes.byref(out)) == 0:  # 1 = MPIX_GPU_SUPPORT_CUDA
+                if (
+                    fn(ctypes.c_int(1), ctypes.byref(out)) == 0
+                ):  # 1 = MPIX_GPU_SUPPORT_CUDA
                     return bool(out.value)
                 continue
             # Open MPI: only meaningful when its CUDA component is present,

@@ -35,7 +35,9 @@ def visible_cores() -> int:
         return os.cpu_count() or 1
 
 
-def default_thread_counts(cores: int, total_cores: int, local_size: int) -> tuple[int, int]:
+def default_thread_counts(
+    cores: int, total_cores: int, local_size: int
+) -> tuple[int, int]:
     """(intra-op, inter-op) threads for one rank.
 
     Args:

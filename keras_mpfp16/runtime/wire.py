@@ -9,6 +9,9 @@ the reduction is split the way a ring allreduce splits it:
 2. Rank r sums its chunks in float32, in rank order.
 3. `Allgather` of the 16-bit results.
 
+float16 chunks are additionally scaled by a power of two (see below), so the
+narrow float16 range neither flushes small gradients nor overflows.
+
 MPI only moves bytes, accumulation is float32, each output element is
 computed by exactly one rank in a fixed order (so the result is bitwise
 identical on every rank by construction), and the bytes sent per rank equal a
@@ -45,6 +48,44 @@ def wire_bytes(num_elements: int, wire_dtype: str) -> int:
     return num_elements * numpy_wire_dtype(wire_dtype).itemsize
 
 
+# float16 has a narrow range (6e-8 .. 65504). Each chunk therefore travels
+# scaled by its own power of two, chosen so its largest magnitude lands near
+# 2**15: small gradients are not flushed to zero and large ones do not
+# overflow. The exponent rides in one extra 16-bit word at the head of the
+# chunk. bfloat16 has float32's range and needs no scaling.
+_FP16_TARGET_EXP = 15
+_MAX_SHIFT = 100
+
+
+def _chunk_exponents(chunks: np.ndarray) -> np.ndarray:
+    """Per-row power-of-two exponent that brings the row's max near 2**15."""
+    amax = np.max(np.abs(chunks), axis=1)
+    ok = np.isfinite(amax) & (amax > 0)
+    exp = np.zeros(chunks.shape[0], dtype=np.int16)
+    exp[ok] = np.clip(
+        _FP16_TARGET_EXP - np.ceil(np.log2(amax[ok])), -_MAX_SHIFT, _MAX_SHIFT
+    ).astype(np.int16)
+    return exp
+
+
+def _encode(chunks: np.ndarray, wdt: np.dtype, scaled: bool) -> np.ndarray:
+    """float32 rows -> rows of 16-bit words: [exponent, values...]."""
+    out = np.empty((chunks.shape[0], chunks.shape[1] + 1), dtype=np.uint16)
+    exp = _chunk_exponents(chunks) if scaled else np.zeros(chunks.shape[0], np.int16)
+    out[:, 0] = exp.view(np.uint16)
+    out[:, 1:] = (
+        np.ldexp(chunks, exp[:, None].astype(np.int32)).astype(wdt).view(np.uint16)
+    )
+    return out
+
+
+def _decode(words: np.ndarray, wdt: np.dtype) -> np.ndarray:
+    """Inverse of `_encode`, back to float32 rows."""
+    exp = words[:, 0].view(np.int16).astype(np.int32)
+    values = np.ascontiguousarray(words[:, 1:]).view(wdt).astype(np.float32)
+    return np.ldexp(values, -exp[:, None]).astype(np.float32)
+
+
 def lowp_allreduce_sum(comm, buf: np.ndarray, wire_dtype: str) -> np.ndarray:
     """Sums a float32 vector over `comm` with 16-bit transfers, float32 accumulation.
 
@@ -58,14 +99,17 @@ def lowp_allreduce_sum(comm, buf: np.ndarray, wire_dtype: str) -> np.ndarray:
     """
     n = comm.Get_size()
     wdt = numpy_wire_dtype(wire_dtype)
+    scaled = wire_dtype == "float16"
     length = buf.shape[0]
     chunk = -(-length // n)  # ceil
-    send = np.zeros((n, chunk), dtype=wdt)
-    send.reshape(-1)[:length] = buf  # the only rounding of inputs to 16 bits
+    padded = np.zeros((n, chunk), dtype=np.float32)
+    padded.reshape(-1)[:length] = buf
+    send = _encode(padded, wdt, scaled)
     recv = np.empty_like(send)
     # MPI sees raw 16-bit words: it moves them and never interprets them.
-    comm.Alltoall(send.view(np.uint16), recv.view(np.uint16))
-    partial = recv.astype(np.float32).sum(axis=0, dtype=np.float32)
-    gathered = np.empty((n, chunk), dtype=wdt)
-    comm.Allgather(partial.astype(wdt).view(np.uint16), gathered.view(np.uint16))
-    return gathered.reshape(-1)[:length].astype(np.float32)
+    comm.Alltoall(send, recv)
+    partial = _decode(recv, wdt).sum(axis=0, dtype=np.float32)
+    mine = _encode(partial[None, :], wdt, scaled)
+    gathered = np.empty((n, chunk + 1), dtype=np.uint16)
+    comm.Allgather(mine, gathered)
+    return _decode(gathered, wdt).reshape(-1)[:length]

@@ -39,7 +39,9 @@ def _import_mpi():
     except ImportError as exc:  # mpi4py missing, or its libmpi cannot be loaded
         raise RuntimeError(f"Cannot import mpi4py ({exc}). {_INSTALL_HINT}") from exc
     except Exception as exc:  # e.g. MPI_Init failing inside the import
-        raise RuntimeError(f"MPI failed to initialise ({exc}). {_INSTALL_HINT}") from exc
+        raise RuntimeError(
+            f"MPI failed to initialise ({exc}). {_INSTALL_HINT}"
+        ) from exc
     return MPI
 
 

