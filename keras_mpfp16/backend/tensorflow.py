@@ -27,9 +27,23 @@ def in_xla_context() -> bool:
     return control_flow_util.GraphOrParentsInXlaContext(graph)
 
 
+def _aligned_empty(n: int) -> np.ndarray:
+    """float32 array on a 64-byte boundary.
+
+    TensorFlow adopts an aligned array returned from numpy_function as the
+    output tensor's memory instead of copying it: one pass over the bucket
+    saved. (It also means a returned buffer must never be reused.)
+    """
+    raw = np.empty(n * 4 + 64, dtype=np.uint8)
+    offset = (-raw.ctypes.data) % 64
+    return raw[offset : offset + n * 4].view(np.float32)
+
+
 def _host_reduce(op: str, wire_dtype: str):
     def reduce(buf: np.ndarray):
-        out = collectives.allreduce_flat(buf, op=op, wire_dtype=wire_dtype)
+        out = collectives.allreduce_flat(
+            buf, op=op, wire_dtype=wire_dtype, out=_aligned_empty(buf.shape[0])
+        )
         return out, np.bool_(np.isfinite(out).all())
 
     return reduce
@@ -124,6 +138,34 @@ _XLA_ASSERT_WARNING = (
     "persistent non-finite gradients will not stop training. Compile with "
     "jit_compile=False to get the error."
 )
+
+
+def allreduce_tensors(tensors, op: str = "sum"):
+    """Reduces a few small tensors of any numeric dtype in one MPI call, in-graph.
+
+    For bookkeeping state such as metric accumulators, not gradients: values
+    travel as float64 (exact for counts below 2**53) and come back in their
+    own dtypes and shapes.
+
+    Args:
+        tensors: list of tensors (or variables).
+        op: `"sum"`, `"average"`, `"min"` or `"max"`.
+
+    Returns:
+        List of reduced tensors, identical on every rank.
+    """
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    if not tensors or world.size() == 1:
+        return tensors
+    flat = tf.concat([tf.reshape(tf.cast(t, tf.float64), [-1]) for t in tensors], 0)
+
+    def reduce(buf):
+        return collectives.allreduce(buf, op=op).astype(np.float64)
+
+    out = tf.numpy_function(reduce, [flat], tf.float64, stateful=True)
+    out.set_shape(flat.shape)
+    parts = tf.split(out, [int(np.prod(t.shape)) for t in tensors])
+    return [tf.cast(tf.reshape(p, t.shape), t.dtype) for p, t in zip(parts, tensors)]
 
 
 def raise_if(condition, message: str, *values) -> None:

@@ -9,6 +9,7 @@ from keras import ops
 
 from keras_mpfp16 import backend as backends
 from keras_mpfp16 import runtime
+from keras_mpfp16.callbacks.rank_output import quiet_non_root_ranks
 from keras_mpfp16.optimizer.buckets import DEFAULT_BUCKET_MB
 from keras_mpfp16.optimizer.loss_scale import (
     LossScaleConfig,
@@ -147,6 +148,7 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
             max_consecutive_nonfinite=max_consecutive_nonfinite,
         )
         runtime.init()
+        quiet_non_root_ranks()  # one progress bar per job, not one per rank
         # We accumulate ourselves so gradients are reduced once per update;
         # the inner optimizer then only ever sees update steps.
         inner.gradient_accumulation_steps = None
@@ -259,6 +261,9 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
     def _reduce_and_apply(self, grads, variables):
         bridge = backends.bridge()
         passthrough = [self._overwrite_variable_with_gradient(v) for v in variables]
+        # What the reduced sum is divided by, folded into the unscaling pass
+        # below instead of costing a pass of its own on the host.
+        divisor = 1.0
         if runtime.size() > 1:
             if bridge.in_xla_context():
                 raise RuntimeError(
@@ -269,11 +274,13 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
             to_reduce = [None if p else g for g, p in zip(grads, passthrough)]
             reduced, finite = bridge.allreduce_gradients(
                 to_reduce,
-                op=self.op,
+                op="sum",
                 wire_dtype=self.wire_dtype,
                 bucket_bytes=int(self.bucket_size_mb * 2**20),
             )
             grads = [g if p else r for g, r, p in zip(grads, reduced, passthrough)]
+            if self.op == "average":
+                divisor = float(runtime.size())
         else:
             finite = self.check_finite(grads)
 
@@ -308,8 +315,14 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         scale = state.scale
 
         def apply_update():
+            if cfg.enabled:
+                inv = ops.divide(1.0, ops.multiply(scale, divisor))
+            elif divisor != 1.0:
+                inv = ops.convert_to_tensor(1.0 / divisor, "float32")
+            else:
+                inv = None
             unscaled = [
-                g if g is None or p or not cfg.enabled else g / ops.cast(scale, g.dtype)
+                g if g is None or p or inv is None else g * ops.cast(inv, g.dtype)
                 for g, p in zip(grads, passthrough)
             ]
             self.inner_optimizer.apply(unscaled, trainable_variables=variables)

@@ -96,26 +96,41 @@ def _allreduce_device(w, x, op):
     return cupy.asarray(allreduce(host, op=op))
 
 
-def allreduce_flat(buf: np.ndarray, op: str = "average", wire_dtype: str = "float32"):
+def allreduce_flat(
+    buf: np.ndarray,
+    op: str = "average",
+    wire_dtype: str = "float32",
+    out: np.ndarray | None = None,
+) -> np.ndarray:
     """Fused reduction of one flat float32 buffer: the gradient hot path.
 
     Args:
         buf: 1-D float32 array; it is not modified.
         op: `"average"` or `"sum"`.
         wire_dtype: `"float32"`, `"float16"` or `"bfloat16"` (see `wire.py`).
+        out: Optional float32 array of the same shape to write into, so a
+            caller that reduces the same bucket every step reuses its memory.
 
     Returns:
-        A new 1-D float32 array with the reduced values.
+        The reduced values (`out` when given, else a new array).
     """
     w = world()
     n = w.comm.Get_size()
     if wire_dtype == "float32":
-        out = np.empty_like(buf)
+        if out is None:
+            out = np.empty_like(buf)
         w.comm.Allreduce(buf, out, op=w.mpi.SUM)
     else:
-        out = lowp_allreduce_sum(w.comm, buf, wire_dtype)
+        result = lowp_allreduce_sum(w.comm, buf, wire_dtype)
+        if out is None:
+            out = result
+        else:
+            out[...] = result
     if op == "average":
-        np.divide(out, np.float32(n), out=out)
+        if n & (n - 1) == 0:  # a power of two: multiplying is exact and faster
+            np.multiply(out, np.float32(1.0 / n), out=out)
+        else:
+            np.divide(out, np.float32(n), out=out)
     return out
 
 

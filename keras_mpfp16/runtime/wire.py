@@ -81,9 +81,11 @@ def _encode(chunks: np.ndarray, wdt: np.dtype, scaled: bool) -> np.ndarray:
 
 def _decode(words: np.ndarray, wdt: np.dtype) -> np.ndarray:
     """Inverse of `_encode`, back to float32 rows."""
-    exp = words[:, 0].view(np.int16).astype(np.int32)
+    exp = words[:, 0].view(np.int16)
     values = np.ascontiguousarray(words[:, 1:]).view(wdt).astype(np.float32)
-    return np.ldexp(values, -exp[:, None]).astype(np.float32)
+    if exp.any():
+        values *= np.exp2(-exp.astype(np.float32))[:, None]
+    return values
 
 
 def lowp_allreduce_sum(comm, buf: np.ndarray, wire_dtype: str) -> np.ndarray:

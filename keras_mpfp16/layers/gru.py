@@ -1,0 +1,212 @@
+"""GRU whose carry stays in float32 under mixed precision."""
+
+from __future__ import annotations
+
+import keras
+from keras import ops
+
+from keras_mpfp16.layers._keras_internals import read_uncast
+from keras_mpfp16.layers.precision import (
+    CARRY_DTYPE,
+    DEFAULT_INPUT_PRECISION,
+    DEFAULT_RECURRENT_PRECISION,
+    RecurrentProduct,
+)
+from keras_mpfp16.layers.recurrent import Float32CarryRNN
+
+
+@keras.saving.register_keras_serializable(package="keras_mpfp16")
+class GRU(Float32CarryRNN, keras.layers.GRU):
+    """Gated Recurrent Unit layer that keeps its carry in float32.
+
+    A drop-in replacement for `keras.layers.GRU`: same arguments, same
+    weights (`kernel`, `recurrent_kernel`, `bias`, in Keras's layout, so the
+    weights of one load into the other), same masking, `return_sequences`,
+    `return_state`, `stateful` and `Bidirectional` behaviour, both
+    `reset_after` conventions.
+
+    Under a float32 (or float64) policy it *is* Keras's GRU. Under
+    `mixed_float16` or `mixed_bfloat16` the carry `h` stays float32 from step
+    to step, the gates are computed in float32 with the float32 biases, and
+    the recurrent product `h @ recurrent_kernel` uses `recurrent_precision`.
+    The input projection `x @ kernel` runs once for the whole sequence in the
+    compute dtype. Outputs are in the compute dtype, as in Keras. With
+    `stateful=True` the carry is kept in float32 variables between batches,
+    and `reset_state(lanes=...)` zeroes chosen batch rows only.
+
+    Args:
+        units: Positive integer, dimensionality of the output space.
+        activation: Activation function to use. Default: `"tanh"`.
+        recurrent_activation: Activation for the gates. Default: `"sigmoid"`.
+        use_bias: Whether the layer uses bias vectors. Default: `True`.
+        kernel_initializer: Initializer for `kernel`. Default:
+            `"glorot_uniform"`.
+        recurrent_initializer: Initializer for `recurrent_kernel`. Default:
+            `"orthogonal"`.
+        bias_initializer: Initializer for the bias. Default: `"zeros"`.
+        kernel_regularizer: Regularizer for `kernel`.
+        recurrent_regularizer: Regularizer for `recurrent_kernel`.
+        bias_regularizer: Regularizer for the bias.
+        activity_regularizer: Regularizer for the layer output.
+        kernel_constraint: Constraint for `kernel`.
+        recurrent_constraint: Constraint for `recurrent_kernel`.
+        bias_constraint: Constraint for the bias.
+        dropout: Fraction of the input units to drop. Default: 0.
+        recurrent_dropout: Fraction of the recurrent units to drop.
+            Default: 0.
+        seed: Random seed for dropout.
+        return_sequences: Whether to return the whole output sequence or only
+            the last output. Default: `False`.
+        return_state: Whether to return the last state in addition to the
+            output. The returned state is in the compute dtype.
+        go_backwards: If `True`, process the input sequence backwards and
+            return the reversed sequence.
+        stateful: If `True`, the last state of each batch row is the initial
+            state of the same row in the next batch.
+        unroll: If `True`, unroll the time loop (short sequences only).
+        reset_after: GRU convention: apply the reset gate after (`True`,
+            default, cuDNN-compatible) or before the recurrent product.
+        use_cudnn: `"auto"`, `True` or `False`. Under float32 as in Keras
+            (cuDNN when eligible). Under a 16-bit compute dtype `"auto"`
+            means the float32-carry loop; `True` forces Keras's cuDNN path,
+            whose carry is in the compute dtype.
+        recurrent_precision: Precision of `h @ recurrent_kernel` under a
+            16-bit compute dtype: `"float32"` (default), `"split"` or
+            `"compute"` (see `keras_mpfp16.layers.precision`). Ignored under
+            float32.
+
+    Call arguments:
+        sequences: A 3D tensor `(batch, timesteps, features)`.
+        initial_state: Optional list `[h]` with a `(batch, units)` tensor.
+        mask: Optional boolean `(batch, timesteps)` tensor.
+        training: Whether dropout is applied.
+
+    Example:
+
+    >>> keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    >>> gru = keras_mpfp16.layers.GRU(32)
+    >>> gru(np.zeros((4, 1000, 6), "float32")).shape
+    (4, 32)
+    """
+
+    def __init__(
+        self,
+        units: int,
+        activation="tanh",
+        recurrent_activation="sigmoid",
+        use_bias: bool = True,
+        kernel_initializer="glorot_uniform",
+        recurrent_initializer="orthogonal",
+        bias_initializer="zeros",
+        kernel_regularizer=None,
+        recurrent_regularizer=None,
+        bias_regularizer=None,
+        activity_regularizer=None,
+        kernel_constraint=None,
+        recurrent_constraint=None,
+        bias_constraint=None,
+        dropout: float = 0.0,
+        recurrent_dropout: float = 0.0,
+        seed: int | None = None,
+        return_sequences: bool = False,
+        return_state: bool = False,
+        go_backwards: bool = False,
+        stateful: bool = False,
+        unroll: bool = False,
+        reset_after: bool = True,
+        use_cudnn="auto",
+        recurrent_precision: str = DEFAULT_RECURRENT_PRECISION,
+        input_precision: str = DEFAULT_INPUT_PRECISION,
+        **kwargs,
+    ):
+        super().__init__(
+            units,
+            activation=activation,
+            recurrent_activation=recurrent_activation,
+            use_bias=use_bias,
+            kernel_initializer=kernel_initializer,
+            recurrent_initializer=recurrent_initializer,
+            bias_initializer=bias_initializer,
+            kernel_regularizer=kernel_regularizer,
+            recurrent_regularizer=recurrent_regularizer,
+            bias_regularizer=bias_regularizer,
+            activity_regularizer=activity_regularizer,
+            kernel_constraint=kernel_constraint,
+            recurrent_constraint=recurrent_constraint,
+            bias_constraint=bias_constraint,
+            dropout=dropout,
+            recurrent_dropout=recurrent_dropout,
+            seed=seed,
+            return_sequences=return_sequences,
+            return_state=return_state,
+            go_backwards=go_backwards,
+            stateful=stateful,
+            unroll=unroll,
+            reset_after=reset_after,
+            use_cudnn=use_cudnn,
+            **kwargs,
+        )
+        self._init_float32_carry(recurrent_precision, input_precision)
+
+    def _float32_carry_loop(self, sequences, initial_state, mask, training):
+        cell = self.cell
+        units = cell.units
+        reset_after = cell.reset_after
+        kernel = read_uncast(cell.kernel)
+        recurrent = RecurrentProduct(
+            read_uncast(cell.recurrent_kernel),
+            self.recurrent_precision,
+            self.compute_dtype,
+        )
+        input_bias = recurrent_bias = None
+        if cell.use_bias:
+            bias = ops.cast(read_uncast(cell.bias), CARRY_DTYPE)
+            if reset_after:
+                input_bias, recurrent_bias = bias[0], bias[1]
+            else:
+                input_bias = bias
+        projected = self._project_inputs(sequences, kernel, training, gate_count=3)
+        h_masks = self._recurrent_dropout_masks(initial_state, training, gate_count=3)
+        gate_products = [
+            recurrent.columns(g * units, (g + 1) * units) for g in range(3)
+        ]
+        update_reset_product = recurrent.columns(0, 2 * units)
+        activation = cell.activation
+        recurrent_activation = cell.recurrent_activation
+        output_dtype = self.compute_dtype
+
+        def step(projected_t, states):
+            h_tm1 = states[0]
+            x = ops.cast(projected_t, CARRY_DTYPE)
+            if input_bias is not None:
+                x = x + input_bias
+            x_z, x_r, x_h = ops.split(x, 3, axis=-1)
+            if h_masks is None:
+                h_z = h_r = h_h = h_tm1
+            else:
+                h_z, h_r, h_h = (h_tm1 * m for m in h_masks)
+
+            if h_masks is None and reset_after:
+                inner = recurrent(h_tm1)
+            elif h_masks is None:
+                inner = update_reset_product(h_tm1)
+            else:
+                inner = ops.concatenate(
+                    [gate_products[0](h_z), gate_products[1](h_r)]
+                    + ([gate_products[2](h_h)] if reset_after else []),
+                    axis=-1,
+                )
+            if recurrent_bias is not None:  # only with reset_after
+                inner = inner + recurrent_bias
+            z = recurrent_activation(x_z + inner[:, :units])
+            r = recurrent_activation(x_r + inner[:, units : 2 * units])
+            if reset_after:
+                candidate = x_h + r * inner[:, 2 * units :]
+            else:
+                candidate = x_h + gate_products[2](r * h_h)
+            h = z * h_tm1 + (1.0 - z) * activation(candidate)
+            # Per-step outputs are stored for the whole sequence: keep them in
+            # the compute dtype (half the memory); the carry stays float32.
+            return ops.cast(h, output_dtype), [h]
+
+        return self._run_time_loop(step, projected, initial_state, mask)

@@ -1,0 +1,106 @@
+"""Precision choices for the recurrent matmul of the mixed-precision layers.
+
+Under a mixed policy (compute dtype float16 or bfloat16) the layers keep the
+recurrent carry (LSTM `h` and `c`, GRU `h`) in float32 between time steps. What
+remains to choose is the precision of the recurrent product `h @ U`, the one
+place where the float32 carry meets a weight matrix at every step:
+
+- `"float32"`: `h` and `U` in float32. No rounding inside the recurrence; the
+  only float16 arithmetic left is the input projection `x @ W`, done once for
+  the whole sequence outside the time loop.
+- `"split"`: `h = hi + lo` with both halves in the compute dtype and `U` in the
+  compute dtype; two half-precision products summed in float32. Removes the
+  rounding of `h` but keeps the rounding of `U` and of each product.
+- `"compute"`: `h` and `U` rounded to the compute dtype for the product (the
+  carry itself stays float32). What a float32 carry alone buys.
+
+`docs/layers.md` has the measured error and cost of each; the default is the
+one the measurements chose.
+"""
+
+from __future__ import annotations
+
+from keras import ops
+
+RECURRENT_PRECISIONS = ("float32", "split", "compute")
+DEFAULT_RECURRENT_PRECISION = "float32"
+
+INPUT_PRECISIONS = ("float32", "compute")
+DEFAULT_INPUT_PRECISION = "float32"
+
+# Compute dtypes for which the layers run their own float32-carry loop. Under
+# any other compute dtype (float32, float64) they are Keras's layers unchanged.
+HALF_PRECISION_DTYPES = ("float16", "bfloat16")
+
+CARRY_DTYPE = "float32"
+
+
+def validate_recurrent_precision(value) -> str:
+    """Returns `value` if it is a known recurrent precision, else raises."""
+    if value not in RECURRENT_PRECISIONS:
+        raise ValueError(
+            f"Invalid value for argument `recurrent_precision`: {value!r}. "
+            f"Expected one of {RECURRENT_PRECISIONS}."
+        )
+    return value
+
+
+def validate_input_precision(value) -> str:
+    """Returns `value` if it is a known input-projection precision, else raises."""
+    if value not in INPUT_PRECISIONS:
+        raise ValueError(
+            f"Invalid value for argument `input_precision`: {value!r}. "
+            f"Expected one of {INPUT_PRECISIONS}."
+        )
+    return value
+
+
+def keeps_float32_carry(compute_dtype: str) -> bool:
+    """Whether a layer computing in `compute_dtype` runs the float32-carry loop."""
+    return compute_dtype in HALF_PRECISION_DTYPES
+
+
+class RecurrentProduct:
+    """`h @ U` for a float32 `h`, in the chosen precision, returning float32.
+
+    The kernel is converted once per layer call, outside the time loop, so the
+    per-step work is only the product itself.
+
+    Args:
+        kernel: The recurrent kernel `U` as a float32 tensor (the variable's
+            master value, not its autocast copy).
+        precision: One of `RECURRENT_PRECISIONS`.
+        compute_dtype: The layer's compute dtype (`"float16"`/`"bfloat16"`).
+    """
+
+    def __init__(self, kernel, precision: str, compute_dtype: str):
+        self.precision = validate_recurrent_precision(precision)
+        self.compute_dtype = compute_dtype
+        if precision == "float32":
+            self.kernel = ops.cast(kernel, CARRY_DTYPE)
+        else:
+            self.kernel = ops.cast(kernel, compute_dtype)
+
+    def columns(self, start: int, stop: int) -> RecurrentProduct:
+        """The same product restricted to kernel columns `[start, stop)`."""
+        part = object.__new__(RecurrentProduct)
+        part.precision = self.precision
+        part.compute_dtype = self.compute_dtype
+        part.kernel = self.kernel[:, start:stop]
+        return part
+
+    def __call__(self, h):
+        if self.precision == "float32":
+            return ops.matmul(h, self.kernel)
+        high = ops.cast(h, self.compute_dtype)
+        if self.precision == "compute":
+            return ops.cast(ops.matmul(high, self.kernel), CARRY_DTYPE)
+        # "split": the low half is what rounding `h` to `high` lost. One
+        # product on the stacked halves instead of two, then sum in float32.
+        low = ops.cast(h - ops.cast(high, CARRY_DTYPE), self.compute_dtype)
+        both = ops.cast(
+            ops.matmul(ops.concatenate([high, low], axis=0), self.kernel),
+            CARRY_DTYPE,
+        )
+        high_part, low_part = ops.split(both, 2, axis=0)
+        return high_part + low_part

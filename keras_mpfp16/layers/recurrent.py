@@ -1,0 +1,252 @@
+"""Float32-carry behaviour shared by the mixed-precision `LSTM` and `GRU`.
+
+Keras's recurrent layers, under a mixed policy, cast the carry to the compute
+dtype at every step: `RNN.call` casts the initial state, each `cell(...)` call
+casts its state arguments, and every weight reads as float16. Over thousands of
+steps with a long-memory gate the rounding accumulates into large drift. The
+mixin here replaces `RNN.call` and `RNN.inner_loop` when the compute dtype is
+16-bit: the input projection `x @ W` runs once for the whole sequence in the
+compute dtype, and the time loop keeps the carry, the gate arithmetic and
+(by default) the recurrent product in float32. Under any other compute dtype
+it defers to Keras untouched, so float32 behaviour is exactly Keras's.
+"""
+
+from __future__ import annotations
+
+from keras import config as keras_config
+from keras import ops, tree
+
+from keras_mpfp16.layers._keras_internals import read_uncast, rnn_loop
+from keras_mpfp16.layers.lane_reset import reset_state_lanes
+from keras_mpfp16.layers.precision import (
+    CARRY_DTYPE,
+    keeps_float32_carry,
+    validate_input_precision,
+    validate_recurrent_precision,
+)
+
+
+class Float32CarryRNN:
+    """Mixin placed before `keras.layers.LSTM`/`GRU` in the bases.
+
+    Subclasses implement `_float32_carry_loop(sequences, initial_state, mask,
+    training)` with the same return value as `RNN.inner_loop`.
+    """
+
+    def _init_float32_carry(
+        self, recurrent_precision: str, input_precision: str
+    ) -> None:
+        self.recurrent_precision = validate_recurrent_precision(recurrent_precision)
+        self.input_precision = validate_input_precision(input_precision)
+        if self.keeps_float32_carry and not self.use_cudnn:
+            # Keras turns XLA off for a layer that may take the cuDNN path; the
+            # float32-carry loop is plain ops and compiles.
+            self.supports_jit = True
+
+    @property
+    def keeps_float32_carry(self) -> bool:
+        """True when the layer runs its own float32-carry loop (16-bit compute)."""
+        return keeps_float32_carry(self.compute_dtype)
+
+    @property
+    def input_dtype(self):
+        # Keras casts a layer's inputs (and `initial_state`) to `input_dtype`
+        # before `call`. Under a 16-bit compute dtype take them in float32:
+        # float32 data is not rounded before the input projection, float16
+        # inputs are widened exactly, and given initial states keep float32.
+        if self.keeps_float32_carry:
+            return CARRY_DTYPE
+        return super().input_dtype
+
+    # `use_cudnn` reads as whether cuDNN may be used. Under a 16-bit compute
+    # dtype "auto" means no: the cuDNN kernels carry the state in the compute
+    # dtype. Keras's `Bidirectional` reads this attribute to decide on its own
+    # fused cuDNN path, so it must tell the truth.
+    @property
+    def use_cudnn(self):
+        requested = getattr(self, "_requested_use_cudnn", "auto")
+        if requested == "auto" and self.keeps_float32_carry:
+            return False
+        return requested
+
+    @use_cudnn.setter
+    def use_cudnn(self, value):
+        if value not in ("auto", True, False):
+            raise ValueError(
+                f"Invalid value for argument `use_cudnn`: {value!r}. "
+                "Expected one of ('auto', True, False)."
+            )
+        self._requested_use_cudnn = value
+
+    def call(self, sequences, initial_state=None, mask=None, training=False):
+        if not self.keeps_float32_carry:
+            return super().call(
+                sequences, initial_state=initial_state, mask=mask, training=training
+            )
+        if self.unroll and sequences.shape[1] is None:
+            raise ValueError(
+                "Cannot unroll a RNN if the time dimension is undefined. Pass "
+                "an `Input()` with a known `shape` or `batch_shape`."
+            )
+        initial_state = self._float32_initial_state(sequences, initial_state)
+        self._maybe_config_dropout_masks(self.cell, sequences[:, 0, :], initial_state)
+        last_output, outputs, states = self.inner_loop(
+            sequences=sequences,
+            initial_state=initial_state,
+            mask=mask,
+            training=training,
+        )
+        self._maybe_reset_dropout_masks(self.cell)
+        states = [ops.cast(state, CARRY_DTYPE) for state in tree.flatten(states)]
+        if self.stateful:
+            for variable, state in zip(tree.flatten(self.states), states):
+                variable.assign(state)
+
+        output = outputs if self.return_sequences else last_output
+        output = ops.cast(output, self.compute_dtype)
+        if self.return_state:
+            # Returned states follow Keras's convention (compute dtype); the
+            # float32 carry is kept across calls by `stateful=True`.
+            return output, *[ops.cast(s, self.compute_dtype) for s in states]
+        return output
+
+    def _float32_initial_state(self, sequences, initial_state):
+        if self.stateful:
+            expected = self._expected_batch_size
+            actual = sequences.shape[0]
+            if expected is not None and actual is not None and actual != expected:
+                raise ValueError(
+                    "If an RNN is stateful, the batch size of the input "
+                    "sequences must be the same as the batch size of the "
+                    f"initial state. Expected {expected}, received {actual}."
+                )
+        if initial_state is None:
+            if self.stateful:
+                return [read_uncast(v) for v in tree.flatten(self.states)]
+            batch_size = ops.shape(sequences)[0]
+            return [
+                ops.zeros((batch_size, size), dtype=CARRY_DTYPE)
+                for size in self.state_size
+            ]
+        if not tree.is_nested(initial_state):
+            initial_state = [initial_state]
+        return [ops.cast(state, CARRY_DTYPE) for state in tree.flatten(initial_state)]
+
+    def inner_loop(self, sequences, initial_state, mask, training=False):
+        if not self.keeps_float32_carry:
+            return super().inner_loop(sequences, initial_state, mask, training=training)
+        if tree.is_nested(mask):
+            mask = mask[0]
+        if self.use_cudnn is True:
+            # Explicitly requested cuDNN: Keras's path, whose kernels take and
+            # return the carry in the compute dtype.
+            half_state = [ops.cast(s, self.compute_dtype) for s in initial_state]
+            sequences = ops.cast(sequences, self.compute_dtype)
+            return super().inner_loop(sequences, half_state, mask, training=training)
+        return self._float32_carry_loop(sequences, initial_state, mask, training)
+
+    # -- helpers for the subclasses' loops ---------------------------------
+
+    def _project_inputs(self, sequences, kernel, training, gate_count: int):
+        """`x @ W` for every time step at once, in `input_precision`.
+
+        Args:
+            sequences: `(batch, time, features)` inputs.
+            kernel: The float32 master value of the input kernel.
+
+        Returns:
+            `(batch, time, gate_count * units)`, float32 for
+            `input_precision="float32"`, else in the compute dtype.
+
+        Applies the cell's input dropout mask(s) the way Keras's cell does:
+        one mask shared by all gates, or one per gate (implementation 1).
+        """
+        cell = self.cell
+        if self.input_precision == "float32":
+            dtype = CARRY_DTYPE
+        else:
+            dtype = self.compute_dtype
+        sequences = ops.cast(sequences, CARRY_DTYPE)
+        kernel = ops.cast(kernel, dtype)
+        if not (training and 0.0 < cell.dropout < 1.0):
+            return ops.matmul(ops.cast(sequences, dtype), kernel)
+        masks = cell.get_dropout_mask(sequences[:, 0, :])
+        if not isinstance(masks, (list, tuple)):
+            masks = [masks]
+            gate_kernels = [kernel]
+        else:
+            gate_kernels = ops.split(kernel, gate_count, axis=1)
+        products = [
+            ops.matmul(
+                ops.cast(
+                    sequences * ops.expand_dims(ops.cast(m, CARRY_DTYPE), 1), dtype
+                ),
+                k,
+            )
+            for m, k in zip(masks, gate_kernels)
+        ]
+        return products[0] if len(products) == 1 else ops.concatenate(products, axis=-1)
+
+    def _recurrent_dropout_masks(self, initial_state, training, gate_count: int):
+        """Per-gate float32 masks for `h`, or None when not dropping."""
+        cell = self.cell
+        if not (training and 0.0 < cell.recurrent_dropout < 1.0):
+            return None
+        masks = cell.get_recurrent_dropout_mask(initial_state[0])
+        if not isinstance(masks, (list, tuple)):
+            masks = [masks] * gate_count
+        return [ops.cast(m, CARRY_DTYPE) for m in masks]
+
+    def _run_time_loop(self, step, projected, initial_state, mask):
+        """Runs `step` over time with the backend's fused loop, as Keras does."""
+        if keras_config.backend() == "torch" and self.stateful:
+            # As in Keras's RNN: fresh copies keep in-place state updates
+            # from breaking PyTorch's autograd.
+            inner_step = step
+
+            def step(inputs, states):
+                return inner_step(inputs, [ops.copy(s) for s in states])
+
+        return rnn_loop(
+            step,
+            projected,
+            initial_state,
+            go_backwards=self.go_backwards,
+            mask=mask,
+            unroll=self.unroll,
+            input_length=projected.shape[1],
+            zero_output_for_mask=self.zero_output_for_mask,
+            return_all_outputs=self.return_sequences,
+        )
+
+    # -- per-lane state reset ----------------------------------------------
+
+    def reset_state(self, lanes=None) -> None:
+        """Zeroes the stateful carry, of every lane or of the given lanes.
+
+        Args:
+            lanes: None (all lanes, as in Keras), a boolean mask of shape
+                `(batch_size,)` with True for each lane to reset, or a
+                sequence of lane indices. Other lanes keep their state.
+        """
+        if lanes is None:
+            super().reset_state()
+            return
+        if not self.stateful or self.states is None:
+            raise ValueError(
+                f"reset_state(lanes=...) needs a built stateful layer; layer "
+                f"{self.name!r} has stateful={self.stateful} and "
+                f"{'no' if self.states is None else 'its'} state variables."
+            )
+        reset_state_lanes(tree.flatten(self.states), lanes)
+
+    def reset_states(self, lanes=None) -> None:
+        """Alias of `reset_state`, as in Keras."""
+        self.reset_state(lanes)
+
+    def get_config(self):
+        config = super().get_config()
+        config["recurrent_precision"] = self.recurrent_precision
+        config["input_precision"] = self.input_precision
+        config["use_cudnn"] = self._requested_use_cudnn
+        return config
