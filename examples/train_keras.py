@@ -16,9 +16,9 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-import keras  # noqa: E402
 import keras_mpfp16 as kmp  # noqa: E402  # kmp
 
 
