@@ -397,7 +397,9 @@ def test_bad_arguments_raise(kind):
         ValueError, match=r"'float64'.*\('float32', 'split', 'compute'\)"
     ):
         OURS[kind](U, recurrent_precision="float64")
-    with pytest.raises(ValueError, match=r"yes.*auto"):
+    with pytest.raises(ValueError, match=r"'float16'.*\('float32', 'compute'\)"):
+        OURS[kind](U, input_precision="float16")
+    with pytest.raises(ValueError, match=r"'auto'.*use_cudnn=yes"):
         OURS[kind](U, use_cudnn="yes")
 
 
@@ -417,7 +419,17 @@ def test_forced_cudnn_gets_compute_dtype_tensors(monkeypatch, x):
     seen = {}
 
     def fake_lstm(inputs, h, c, mask, kernel, recurrent_kernel, bias, **kwargs):
-        seen.update(inputs=inputs.dtype, h=h.dtype, c=c.dtype, kernel=kernel.dtype)
+        seen.update(
+            {
+                name: keras.backend.standardize_dtype(t.dtype)
+                for name, t in [
+                    ("inputs", inputs),
+                    ("h", h),
+                    ("c", c),
+                    ("kernel", kernel),
+                ]
+            }
+        )
         last = keras.ops.zeros((inputs.shape[0], U), inputs.dtype)
         return last, keras.ops.expand_dims(last, 1), [last, last]
 

@@ -152,20 +152,26 @@ class GRU(Float32CarryRNN, keras.layers.GRU):
         cell = self.cell
         units = cell.units
         reset_after = cell.reset_after
-        kernel = read_uncast(cell.kernel)
         recurrent = RecurrentProduct(
             read_uncast(cell.recurrent_kernel),
             self.recurrent_precision,
             self.compute_dtype,
         )
-        input_bias = recurrent_bias = None
+        bias = candidate_bias = None
         if cell.use_bias:
             bias = ops.cast(read_uncast(cell.bias), CARRY_DTYPE)
             if reset_after:
-                input_bias, recurrent_bias = bias[0], bias[1]
-            else:
-                input_bias = bias
-        projected = self._project_inputs(sequences, kernel, training, gate_count=3)
+                # The update and reset gates see the input and recurrent
+                # biases only through their sum: fold both into the input
+                # projection. The candidate's recurrent bias sits inside
+                # `r * (...)` and stays in the step.
+                candidate_bias = bias[1, 2 * units :]
+                bias = ops.concatenate(
+                    [bias[0, : 2 * units] + bias[1, : 2 * units], bias[0, 2 * units :]]
+                )
+        projected, step_bias = self._project_inputs(
+            sequences, read_uncast(cell.kernel), bias, training, gate_count=3
+        )
         h_masks = self._recurrent_dropout_masks(initial_state, training, gate_count=3)
         gate_products = [
             recurrent.columns(g * units, (g + 1) * units) for g in range(3)
@@ -178,33 +184,35 @@ class GRU(Float32CarryRNN, keras.layers.GRU):
         def step(projected_t, states):
             h_tm1 = states[0]
             x = ops.cast(projected_t, CARRY_DTYPE)
-            if input_bias is not None:
-                x = x + input_bias
-            x_z, x_r, x_h = ops.split(x, 3, axis=-1)
+            if step_bias is not None:
+                x = x + step_bias
+            x_zr, x_h = ops.split(x, [2 * units], axis=-1)
             if h_masks is None:
                 h_z = h_r = h_h = h_tm1
             else:
                 h_z, h_r, h_h = (h_tm1 * m for m in h_masks)
 
-            if h_masks is None and reset_after:
-                inner = recurrent(h_tm1)
-            elif h_masks is None:
-                inner = update_reset_product(h_tm1)
-            else:
-                inner = ops.concatenate(
-                    [gate_products[0](h_z), gate_products[1](h_r)]
-                    + ([gate_products[2](h_h)] if reset_after else []),
-                    axis=-1,
+            if h_masks is not None:
+                inner_zr = ops.concatenate(
+                    [gate_products[0](h_z), gate_products[1](h_r)], axis=-1
                 )
-            if recurrent_bias is not None:  # only with reset_after
-                inner = inner + recurrent_bias
-            z = recurrent_activation(x_z + inner[:, :units])
-            r = recurrent_activation(x_r + inner[:, units : 2 * units])
-            if reset_after:
-                candidate = x_h + r * inner[:, 2 * units :]
+                inner_h = gate_products[2](h_h) if reset_after else None
+            elif reset_after:
+                inner_zr, inner_h = ops.split(recurrent(h_tm1), [2 * units], axis=-1)
             else:
+                inner_zr = update_reset_product(h_tm1)
+            z, r = ops.split(x_zr + inner_zr, 2, axis=-1)
+            z = recurrent_activation(z)
+            r = recurrent_activation(r)
+            if not reset_after:
                 candidate = x_h + gate_products[2](r * h_h)
-            h = z * h_tm1 + (1.0 - z) * activation(candidate)
+            elif candidate_bias is not None:
+                candidate = x_h + r * (inner_h + candidate_bias)
+            else:
+                candidate = x_h + r * inner_h
+            candidate = activation(candidate)
+            # z * h + (1 - z) * candidate, one operation fewer.
+            h = candidate + z * (h_tm1 - candidate)
             # Per-step outputs are stored for the whole sequence: keep them in
             # the compute dtype (half the memory); the carry stays float32.
             return ops.cast(h, output_dtype), [h]

@@ -151,6 +151,15 @@ class LaneBatcher:
                 return schedule
             schedule.append(step)
 
+    @property
+    def schedule(self) -> list[list[tuple[int, int] | None]]:
+        """Per step, per lane: `(sequence index, start step)`, None if idle.
+
+        Maps each row of each chunk back to its source, e.g. to gather
+        per-sequence predictions.
+        """
+        return [list(step) for step in self._schedule]
+
     def __len__(self) -> int:
         """Number of chunks (training steps) in one pass over the data."""
         return len(self._schedule)

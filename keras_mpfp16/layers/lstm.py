@@ -151,14 +151,15 @@ class LSTM(Float32CarryRNN, keras.layers.LSTM):
 
     def _float32_carry_loop(self, sequences, initial_state, mask, training):
         cell = self.cell
-        kernel = read_uncast(cell.kernel)
         recurrent = RecurrentProduct(
             read_uncast(cell.recurrent_kernel),
             self.recurrent_precision,
             self.compute_dtype,
         )
         bias = ops.cast(read_uncast(cell.bias), CARRY_DTYPE) if cell.use_bias else None
-        projected = self._project_inputs(sequences, kernel, training, gate_count=4)
+        projected, step_bias = self._project_inputs(
+            sequences, read_uncast(cell.kernel), bias, training, gate_count=4
+        )
         h_masks = self._recurrent_dropout_masks(initial_state, training, gate_count=4)
         if h_masks is not None:
             units = cell.units
@@ -172,8 +173,8 @@ class LSTM(Float32CarryRNN, keras.layers.LSTM):
         def step(projected_t, states):
             h_tm1, c_tm1 = states[0], states[1]
             z = ops.cast(projected_t, CARRY_DTYPE)
-            if bias is not None:
-                z = z + bias
+            if step_bias is not None:
+                z = z + step_bias
             if h_masks is None:
                 z = z + recurrent(h_tm1)
             else:

@@ -64,7 +64,11 @@ class Float32CarryRNN:
     # fused cuDNN path, so it must tell the truth.
     @property
     def use_cudnn(self):
-        requested = getattr(self, "_requested_use_cudnn", "auto")
+        # No default here: before the first assignment this must raise
+        # AttributeError, or the tracking `__setattr__` of Keras's TensorFlow
+        # layers, which skips `self.x = v` when `self.x is v`, would skip the
+        # setter.
+        requested = self._requested_use_cudnn
         if requested == "auto" and self.keeps_float32_carry:
             return False
         return requested
@@ -147,45 +151,54 @@ class Float32CarryRNN:
 
     # -- helpers for the subclasses' loops ---------------------------------
 
-    def _project_inputs(self, sequences, kernel, training, gate_count: int):
-        """`x @ W` for every time step at once, in `input_precision`.
+    def _project_inputs(self, sequences, kernel, bias, training, gate_count: int):
+        """`x @ W (+ b)` for every time step at once, in `input_precision`.
 
         Args:
             sequences: `(batch, time, features)` inputs.
             kernel: The float32 master value of the input kernel.
+            bias: Float32 bias to add to the projection, or None.
+            training: Whether to apply the cell's input dropout.
+            gate_count: Gates stacked in the kernel (4 for LSTM, 3 for GRU).
 
         Returns:
-            `(batch, time, gate_count * units)`, float32 for
-            `input_precision="float32"`, else in the compute dtype.
+            `(projected, step_bias)`. With `input_precision="float32"`,
+            `projected` is float32 with the bias already added (one addition
+            for the whole sequence) and `step_bias` is None. With `"compute"`,
+            `projected` is in the compute dtype and `step_bias` is the float32
+            bias, to add in float32 inside the step: a bias such as a
+            forget-gate bias of 8 would lose three bits if added in float16.
 
         Applies the cell's input dropout mask(s) the way Keras's cell does:
         one mask shared by all gates, or one per gate (implementation 1).
         """
         cell = self.cell
-        if self.input_precision == "float32":
-            dtype = CARRY_DTYPE
-        else:
-            dtype = self.compute_dtype
+        dtype = CARRY_DTYPE if self.input_precision == "float32" else self.compute_dtype
         sequences = ops.cast(sequences, CARRY_DTYPE)
         kernel = ops.cast(kernel, dtype)
         if not (training and 0.0 < cell.dropout < 1.0):
-            return ops.matmul(ops.cast(sequences, dtype), kernel)
-        masks = cell.get_dropout_mask(sequences[:, 0, :])
-        if not isinstance(masks, (list, tuple)):
-            masks = [masks]
-            gate_kernels = [kernel]
+            projected = ops.matmul(ops.cast(sequences, dtype), kernel)
         else:
-            gate_kernels = ops.split(kernel, gate_count, axis=1)
-        products = [
-            ops.matmul(
-                ops.cast(
-                    sequences * ops.expand_dims(ops.cast(m, CARRY_DTYPE), 1), dtype
-                ),
-                k,
+            masks = cell.get_dropout_mask(sequences[:, 0, :])
+            if isinstance(masks, (list, tuple)):
+                gate_kernels = ops.split(kernel, gate_count, axis=1)
+            else:
+                masks, gate_kernels = [masks], [kernel]
+            products = [
+                ops.matmul(
+                    ops.cast(
+                        sequences * ops.expand_dims(ops.cast(m, CARRY_DTYPE), 1), dtype
+                    ),
+                    k,
+                )
+                for m, k in zip(masks, gate_kernels)
+            ]
+            projected = (
+                products[0] if len(products) == 1 else ops.concatenate(products, -1)
             )
-            for m, k in zip(masks, gate_kernels)
-        ]
-        return products[0] if len(products) == 1 else ops.concatenate(products, axis=-1)
+        if bias is None or dtype != CARRY_DTYPE:
+            return projected, bias
+        return projected + bias, None
 
     def _recurrent_dropout_masks(self, initial_state, training, gate_count: int):
         """Per-gate float32 masks for `h`, or None when not dropping."""
