@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import warnings
 import weakref
+import zlib
 
 import numpy as np
 import tensorflow as tf
@@ -18,7 +19,7 @@ from tensorflow.python.framework import ops as tf_ops
 from tensorflow.python.ops import control_flow_util
 
 from keras_mpfp16.optimizer.buckets import plan_buckets
-from keras_mpfp16.runtime import collectives, cuda, world
+from keras_mpfp16.runtime import collectives, cuda, progress, world
 
 
 def in_xla_context() -> bool:
@@ -39,10 +40,41 @@ def _aligned_empty(n: int) -> np.ndarray:
     return raw[offset : offset + n * 4].view(np.float32)
 
 
-def _host_reduce(op: str, wire_dtype: str):
-    def reduce(buf: np.ndarray):
+def check_same_step(step: int, what: str) -> None:
+    """Host side: all ranks must be at the same (epoch, train step).
+
+    One tiny allreduce of per-rank slots; every rank sees the same table, so
+    every rank raises the same error together (no rank is left waiting).
+    """
+    n, r = world.size(), world.rank()
+    slots = np.zeros((n, 2), dtype=np.int64)
+    slots[r] = (progress.epoch(), step)
+    table = collectives.allreduce(slots, op="sum", name=f"step check before {what}")
+    if (table == table[0]).all():
+        return
+    rows = ", ".join(
+        f"rank {i}: train step {s}" + (f" (epoch {e})" if e >= 0 else "")
+        for i, (e, s) in enumerate(table.tolist())
+    )
+    raise RuntimeError(
+        "keras_mpfp16: ranks are out of step at a gradient reduction — "
+        f"{rows}. Every rank must run the same number of steps per epoch "
+        "(shard the data with keras_mpfp16.shard) and the same train calls."
+    )
+
+
+def _host_reduce(op: str, wire_dtype: str, label: str, check_step: bool):
+    def reduce(buf: np.ndarray, step):
+        step = int(step)
+        name = f"{label}, train step {step}"
+        if check_step:
+            check_same_step(step, name)
         out = collectives.allreduce_flat(
-            buf, op=op, wire_dtype=wire_dtype, out=_aligned_empty(buf.shape[0])
+            buf,
+            op=op,
+            wire_dtype=wire_dtype,
+            out=_aligned_empty(buf.shape[0]),
+            name=name,
         )
         return out, np.bool_(np.isfinite(out).all())
 
@@ -79,7 +111,9 @@ def _on_gpu(tensor: tf.Tensor) -> bool:
     return "GPU" in (tensor.device or "").upper()
 
 
-def allreduce_gradients(grads, *, op: str, wire_dtype: str, bucket_bytes: int):
+def allreduce_gradients(
+    grads, *, op: str, wire_dtype: str, bucket_bytes: int, step=None
+):
     """Reduces a list of gradients across ranks inside a (compiled) train step.
 
     Gradients are cast to float32, concatenated into buckets of about
@@ -88,11 +122,16 @@ def allreduce_gradients(grads, *, op: str, wire_dtype: str, bucket_bytes: int):
     being computed), reduced with one MPI call per bucket, and split back to
     their shapes and dtypes. `None` entries pass through.
 
+    `step` (an integer tensor, the optimizer's train-step counter) names the
+    collective in stall reports, and before the first bucket all ranks check
+    that they are at the same step (see `check_same_step`).
+
     Returns:
         `(reduced_grads, finite)`: the reduced gradients and a boolean scalar
         tensor, True when every reduced value is finite. Both are identical on
         all ranks, so decisions taken from them are global.
     """
+    step = tf.constant(-1, tf.int64) if step is None else tf.cast(step, tf.int64)
     dense = [
         None if g is None else tf.convert_to_tensor(g)  # IndexedSlices -> dense
         for g in grads
@@ -102,8 +141,10 @@ def allreduce_gradients(grads, *, op: str, wire_dtype: str, bucket_bytes: int):
     reduced = list(dense)
     finite_flags = []
     use_device = cuda.cuda_aware() and any(_on_gpu(dense[i]) for i in present)
-    for bucket in plan_buckets(sizes, bucket_bytes):
+    buckets = plan_buckets(sizes, bucket_bytes)
+    for b, bucket in enumerate(buckets):
         idx = [present[j] for j in bucket]
+        label = f"gradient allreduce, bucket {b + 1}/{len(buckets)}"
         flat = tf.concat(
             [tf.reshape(tf.cast(dense[i], tf.float32), [-1]) for i in idx], 0
         )
@@ -116,8 +157,8 @@ def allreduce_gradients(grads, *, op: str, wire_dtype: str, bucket_bytes: int):
             # dependencies run the buckets' collectives in creation order on
             # every rank: same MPI call sequence everywhere, no deadlock.
             out, finite = tf.numpy_function(
-                _host_reduce(op, wire_dtype),
-                [flat],
+                _host_reduce(op, wire_dtype, label, check_step=b == 0),
+                [flat, step],
                 [tf.float32, tf.bool],
                 stateful=True,
             )
@@ -166,6 +207,37 @@ def allreduce_tensors(tensors, op: str = "sum"):
     out.set_shape(flat.shape)
     parts = tf.split(out, [int(np.prod(t.shape)) for t in tensors])
     return [tf.cast(tf.reshape(p, t.shape), t.dtype) for p, t in zip(parts, tensors)]
+
+
+def _checksum(arrays) -> int:
+    crc = 0
+    for a in arrays:
+        crc = zlib.crc32(np.ascontiguousarray(a).view(np.uint8).reshape(-1), crc)
+    return crc
+
+
+def check_replicas(variables, step, every: int) -> None:
+    """In the train step: every `every` steps, compare a checksum of
+    `variables` across ranks and raise, naming the ranks, if replicas differ."""
+    variables = list(variables)
+
+    def host(step, *arrays):
+        sums = collectives.allgather_object(_checksum(arrays), name="replica checksum")
+        odd = [r for r, c in enumerate(sums) if c != sums[0]]
+        if odd:
+            raise RuntimeError(
+                f"keras_mpfp16: replicas diverged at train step {int(step)}: the "
+                f"weights of ranks {odd} differ from rank 0's (checksums "
+                f"{[hex(c) for c in sums]}). Something changed weights on some ranks "
+                "only (a rank-dependent layer, manual set_weights, a skipped step)."
+            )
+        return np.bool_(True)
+
+    def check():
+        values = [tf.convert_to_tensor(v) for v in variables]
+        tf.numpy_function(host, [step, *values], tf.bool, stateful=True)
+
+    tf.cond(tf.equal(tf.math.floormod(step, every), 0), check, lambda: None)
 
 
 def raise_if(condition, message: str, *values) -> None:

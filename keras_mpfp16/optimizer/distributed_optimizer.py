@@ -88,6 +88,9 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
             row that stop training.
         gradient_accumulation_steps: Alternative to setting it on the inner
             optimizer.
+        check_replicas_every: Divergence guard, off by default. Every this
+            many update steps, a checksum of the weights is compared across
+            ranks and training stops, naming the ranks, if replicas differ.
         name: Optional name.
 
     Example:
@@ -117,6 +120,7 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         max_scale: float = 2.0**24,
         max_consecutive_nonfinite: int = 10,
         gradient_accumulation_steps: int | None = None,
+        check_replicas_every: int = 0,
         name: str | None = None,
     ):
         inner = _resolve_optimizer(optimizer)
@@ -136,6 +140,15 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
                 f"Unknown loss_scale {loss_scale!r}; allowed values are 'auto', True, False."
             )
         accum = _resolve_accumulation(gradient_accumulation_steps, inner)
+        if (
+            isinstance(check_replicas_every, bool)
+            or not isinstance(check_replicas_every, int)
+            or check_replicas_every < 0
+        ):
+            raise ValueError(
+                "check_replicas_every must be an integer >= 0 (0 turns the guard "
+                f"off); received {check_replicas_every!r}."
+            )
         config = LossScaleConfig(
             enabled=True,  # "auto" is resolved in build(), once the policy is final
             initial_scale=float(initial_scale or 2.0**15),
@@ -164,6 +177,7 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         self.bucket_size_mb = float(bucket_size_mb)
         self.loss_scale = loss_scale
         self.accumulation_steps = accum
+        self.check_replicas_every = check_replicas_every
         self._policy_at_init = keras.config.dtype_policy().name
 
     # -- state -----------------------------------------------------------------
@@ -211,6 +225,7 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         self.inner_optimizer.build(var_list)
         keras.optimizers.Optimizer.build(self, var_list)
         backends.bridge()  # raises now, not mid-step, on a backend without a bridge
+        check_same_variables(var_list)
 
     def scale_loss(self, loss):
         if not self.loss_scaling:
@@ -277,6 +292,7 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
                 op="sum",
                 wire_dtype=self.wire_dtype,
                 bucket_bytes=int(self.bucket_size_mb * 2**20),
+                step=self._train_step(),
             )
             grads = [g if p else r for g, r, p in zip(grads, reduced, passthrough)]
             if self.op == "average":
@@ -333,6 +349,15 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         self.hysteresis_left.assign(new_state.hysteresis_left)
         self.nonfinite_streak.assign(new_state.nonfinite_streak)
         self.skipped_steps.assign_add(ops.cast(ops.logical_not(apply), "int64"))
+        if self.check_replicas_every and runtime.size() > 1:
+            bridge.check_replicas(variables, step, self.check_replicas_every)
+
+    def _train_step(self):
+        """Update steps so far, applied or skipped (0-based, like `iterations`)."""
+        return ops.add(
+            ops.cast(self.iterations, "int64"),
+            ops.convert_to_tensor(self.skipped_steps),
+        )
 
     def stateless_apply(self, optimizer_variables, grads, trainable_variables):
         raise NotImplementedError(
@@ -360,6 +385,7 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
             "max_scale": cfg.max_scale,
             "max_consecutive_nonfinite": cfg.max_consecutive_nonfinite,
             "gradient_accumulation_steps": self.accumulation_steps,
+            "check_replicas_every": self.check_replicas_every,
         }
 
     @classmethod
@@ -389,6 +415,39 @@ def _resolve_accumulation(steps, inner) -> int | None:
             )
     steps = steps or inner_steps
     return steps if steps and steps > 1 else None
+
+
+def check_same_variables(variables) -> None:
+    """All ranks must train the same variables (count, shapes, dtypes).
+
+    Called when the optimizer is built, before any gradient is reduced: a
+    mismatch would otherwise hang or silently mix unrelated tensors.
+
+    Raises:
+        ValueError: naming the first variable that differs from rank 0's.
+    """
+    if runtime.size() == 1:
+        return
+    mine = [(v.path, tuple(v.shape), str(v.dtype)) for v in variables]
+    everyone = runtime.allgather_object(mine, name="model signature check")
+    ref = everyone[0]
+    for r, sig in enumerate(everyone[1:], start=1):
+        if sig == ref or [s[1:] for s in sig] == [s[1:] for s in ref]:
+            continue  # names may differ (build order); shapes and dtypes agree
+        for i in range(max(len(sig), len(ref))):
+            a = ref[i] if i < len(ref) else None
+            b = sig[i] if i < len(sig) else None
+            if a is None or b is None or a[1:] != b[1:]:
+
+                def show(v):
+                    return "nothing" if v is None else f"{v[0]!r} shape {v[1]} {v[2]}"
+
+                raise ValueError(
+                    "keras_mpfp16: ranks are training different models. Rank 0 has "
+                    f"{len(ref)} trainable variables, rank {r} has {len(sig)}; first "
+                    f"difference at variable #{i}: rank 0 has {show(a)}, rank {r} has "
+                    f"{show(b)}."
+                )
 
 
 def broadcast_variables(variables, root_rank: int = 0) -> None:

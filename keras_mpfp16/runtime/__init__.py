@@ -1,8 +1,10 @@
 """Runtime: the MPI world and numpy-level collectives. Imports no Keras."""
 
+from keras_mpfp16.runtime import failure, progress, stall
 from keras_mpfp16.runtime.collectives import (
     REDUCE_OPS,
     allgather,
+    allgather_object,
     allreduce,
     allreduce_flat,
     broadcast,
@@ -29,6 +31,7 @@ __all__ = [
     "REDUCE_OPS",
     "WIRE_DTYPES",
     "allgather",
+    "allgather_object",
     "allreduce",
     "allreduce_flat",
     "apply_thread_defaults",
@@ -36,6 +39,9 @@ __all__ = [
     "broadcast",
     "broadcast_arrays",
     "cuda_aware",
+    "failure",
+    "progress",
+    "stall",
     "init",
     "is_initialized",
     "is_root",

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from keras_mpfp16.runtime import cuda
+from keras_mpfp16.runtime import cuda, stall
 from keras_mpfp16.runtime.wire import lowp_allreduce_sum, validate_wire_dtype
 from keras_mpfp16.runtime.world import world
 
@@ -31,7 +31,7 @@ def _mpi_op(MPI, op: str):
     return {"average": MPI.SUM, "sum": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX}[op]
 
 
-def allreduce(x: Any, op: str = "average") -> Any:
+def allreduce(x: Any, op: str = "average", name: str = "allreduce") -> Any:
     """Reduces `x` element-wise over all ranks and returns the result everywhere.
 
     Args:
@@ -39,6 +39,7 @@ def allreduce(x: Any, op: str = "average") -> Any:
             must pass the same shape and dtype.
         op: `"average"` (default), `"sum"`, `"min"` or `"max"`. Averages of
             integer inputs are returned as float64.
+        name: What the call is, for stall reports.
 
     Returns:
         A new array of the same shape (numpy for host input, CuPy for device
@@ -64,7 +65,8 @@ def allreduce(x: Any, op: str = "average") -> Any:
     if w.comm.Get_size() == 1:
         out[...] = send
     else:
-        w.comm.Allreduce(send, out, op=_mpi_op(w.mpi, op))
+        with stall.collective(name):
+            w.comm.Allreduce(send, out, op=_mpi_op(w.mpi, op))
     if op == "average":
         out = _divide(out, w.comm.Get_size())
     out = out.reshape(arr.shape)
@@ -84,7 +86,8 @@ def _allreduce_device(w, x, op):
         cuda.synchronize_device()
         out = xp_arr.copy()
         if w.comm.Get_size() > 1:
-            w.comm.Allreduce(w.mpi.IN_PLACE, out, op=_mpi_op(w.mpi, op))
+            with stall.collective("allreduce (device)"):
+                w.comm.Allreduce(w.mpi.IN_PLACE, out, op=_mpi_op(w.mpi, op))
         cuda.path_counts["device"] += 1
         if op == "average":
             out /= w.comm.Get_size()
@@ -101,6 +104,7 @@ def allreduce_flat(
     op: str = "average",
     wire_dtype: str = "float32",
     out: np.ndarray | None = None,
+    name: str = "gradient allreduce",
 ) -> np.ndarray:
     """Fused reduction of one flat float32 buffer: the gradient hot path.
 
@@ -108,8 +112,8 @@ def allreduce_flat(
         buf: 1-D float32 array; it is not modified.
         op: `"average"` or `"sum"`.
         wire_dtype: `"float32"`, `"float16"` or `"bfloat16"` (see `wire.py`).
-        out: Optional float32 array of the same shape to write into, so a
-            caller that reduces the same bucket every step reuses its memory.
+        out: Optional float32 array of the same shape to write into.
+        name: What the call is, for stall reports.
 
     Returns:
         The reduced values (`out` when given, else a new array).
@@ -119,9 +123,11 @@ def allreduce_flat(
     if wire_dtype == "float32":
         if out is None:
             out = np.empty_like(buf)
-        w.comm.Allreduce(buf, out, op=w.mpi.SUM)
+        with stall.collective(name):
+            w.comm.Allreduce(buf, out, op=w.mpi.SUM)
     else:
-        result = lowp_allreduce_sum(w.comm, buf, wire_dtype)
+        with stall.collective(name):
+            result = lowp_allreduce_sum(w.comm, buf, wire_dtype)
         if out is None:
             out = result
         else:
@@ -154,7 +160,8 @@ def allgather(x: Any) -> np.ndarray:
     arr = np.ascontiguousarray(np.asarray(x))
     if arr.ndim == 0:
         arr = arr.reshape(1)
-    metas = w.comm.allgather((arr.shape, arr.dtype.str))
+    with stall.collective("allgather (shapes)"):
+        metas = w.comm.allgather((arr.shape, arr.dtype.str))
     first_shape, first_dtype = metas[0][0][1:], metas[0][1]
     for r, (shape, dtype) in enumerate(metas):
         if shape[1:] != first_shape or dtype != first_dtype:
@@ -172,11 +179,21 @@ def allgather(x: Any) -> np.ndarray:
     counts = [r * row_elems * arr.dtype.itemsize for r in rows]
     displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
     byte = w.mpi.BYTE
-    w.comm.Allgatherv(
-        [arr.view(np.uint8).reshape(-1), byte],
-        [out.view(np.uint8).reshape(-1), (counts, displs), byte],
-    )
+    with stall.collective("allgather"):
+        w.comm.Allgatherv(
+            [arr.view(np.uint8).reshape(-1), byte],
+            [out.view(np.uint8).reshape(-1), (counts, displs), byte],
+        )
     return out
+
+
+def allgather_object(obj: Any, name: str = "allgather (objects)") -> list:
+    """Every rank's picklable `obj`, as a list in rank order."""
+    w = world()
+    if w.comm.Get_size() == 1:
+        return [obj]
+    with stall.collective(name):
+        return w.comm.allgather(obj)
 
 
 def _check_root(root: int, n: int) -> None:
@@ -203,16 +220,19 @@ def broadcast(obj: Any, root: int = 0) -> Any:
         return obj
     is_array = isinstance(obj, np.ndarray)
     meta = (obj.shape, obj.dtype.str) if is_array else None
-    meta = w.comm.bcast(meta if w.comm.Get_rank() == root else None, root=root)
+    with stall.collective("broadcast (header)"):
+        meta = w.comm.bcast(meta if w.comm.Get_rank() == root else None, root=root)
     if meta is None:
-        return w.comm.bcast(obj, root=root)
+        with stall.collective("broadcast (object)"):
+            return w.comm.bcast(obj, root=root)
     shape, dtype = meta
     buf = (
         np.require(obj, requirements="C")
         if w.comm.Get_rank() == root
         else np.empty(shape, dtype)
     )
-    w.comm.Bcast(buf.view(np.uint8).reshape(-1), root=root)
+    with stall.collective("broadcast"):
+        w.comm.Bcast(buf.view(np.uint8).reshape(-1), root=root)
     return buf
 
 
@@ -235,7 +255,8 @@ def broadcast_arrays(arrays: list[np.ndarray], root: int = 0) -> list[np.ndarray
         for a, nb in zip(arrays, nbytes):
             buf[offset : offset + nb] = a.reshape(-1).view(np.uint8)
             offset += nb
-    w.comm.Bcast(buf, root=root)
+    with stall.collective("broadcast (initial sync)"):
+        w.comm.Bcast(buf, root=root)
     out, offset = [], 0
     for a, nb in zip(arrays, nbytes):
         out.append(buf[offset : offset + nb].view(a.dtype).reshape(a.shape).copy())
@@ -246,6 +267,7 @@ def broadcast_arrays(arrays: list[np.ndarray], root: int = 0) -> list[np.ndarray
 __all__ = [
     "REDUCE_OPS",
     "allgather",
+    "allgather_object",
     "allreduce",
     "allreduce_flat",
     "broadcast",

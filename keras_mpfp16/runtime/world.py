@@ -81,6 +81,11 @@ def init(comm: Any = None) -> None:
         old, _world = _world, _World(MPI, private, local, comm)
         if old is not None:
             _free(old)
+        # Keep a failure on one rank from hanging the others.
+        from keras_mpfp16.runtime import failure, stall
+
+        stall.start(private)
+        failure.install_abort_on_exception(private.Get_rank(), private.Get_size())
 
 
 def _free(world: _World) -> None:
@@ -145,7 +150,10 @@ def is_root() -> bool:
 
 def barrier() -> None:
     """Blocks until every rank has called `barrier()`."""
-    world().comm.Barrier()
+    from keras_mpfp16.runtime import stall
+
+    with stall.collective("barrier"):
+        world().comm.Barrier()
 
 
 def launcher_local_size() -> int | None:

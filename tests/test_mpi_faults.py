@@ -1,0 +1,126 @@
+"""Fault injection: every failure ends the job fast with a clear message.
+
+Each test launches a real `mpirun -np 2` job (rank 1 is the faulty one) under
+a timeout; a hang fails the test instead of freezing CI.
+"""
+
+import re
+import time
+
+import pytest
+from mpi_launch import run_mpi
+
+pytestmark = pytest.mark.mpi
+
+
+def faulty_run(*args, env=None, timeout=120, may_finish=()):
+    """Runs a faulty job; it must fail, and only ranks in `may_finish` may finish."""
+    result = run_mpi(2, "faults.py", *args, env=env, timeout=timeout)
+    assert result.returncode != 0, result.describe()
+    for rank in set(range(2)) - set(may_finish):
+        assert f"DONE rank {rank}" not in result.stdout, result.describe()
+    return result
+
+
+@pytest.mark.parametrize(
+    "where, message",
+    [
+        ("exception-layer", "injected failure inside a layer"),
+        ("exception-callback", "injected failure inside a callback"),
+        ("exception-input", "injected failure in the input pipeline"),
+    ],
+)
+def test_exception_on_one_rank_ends_the_job_with_its_traceback_once(
+    where, message, tmp_path
+):
+    stamp = tmp_path / "raised_at"
+    result = faulty_run("--fault", where, "--stamp", str(stamp))
+    assert time.time() - float(stamp.read_text()) < 30
+    header = "keras_mpfp16: unhandled"
+    assert result.stderr.count(header) == 1, result.describe()
+    assert "on rank 1 of 2" in result.stderr
+    assert message in result.stderr
+    assert "Traceback" in result.stderr
+
+
+def test_sigkill_of_one_rank_ends_the_job_within_30s(tmp_path):
+    stamp = tmp_path / "killed_at"
+    result = faulty_run("--fault", "sigkill", "--stamp", str(stamp))
+    elapsed = time.time() - float(stamp.read_text())
+    assert elapsed < 30, f"job ended {elapsed:.1f}s after the kill"
+    assert (
+        "signal 9" in result.stdout + result.stderr
+        or "Killed" in result.stdout + result.stderr
+    )
+
+
+def test_sys_exit_on_one_rank_ends_the_job(tmp_path):
+    stamp = tmp_path / "exited_at"
+    result = faulty_run("--fault", "exit", "--stamp", str(stamp))
+    assert time.time() - float(stamp.read_text()) < 30
+    assert "is exiting with status 3" in result.stderr
+
+
+def test_uneven_steps_end_with_an_error_naming_the_ranks():
+    # Rank 0 runs out of batches first and reaches the end of its script; the
+    # job must still end, with an error, instead of rank 1 waiting forever.
+    result = faulty_run("--fault", "uneven", may_finish=(0,))
+    err = result.stderr
+    assert "some ranks finished while others wait" in err, result.describe()
+    assert re.search(r"rank 0: finished after \d+ collectives", err)
+    assert re.search(
+        r"rank 1: waiting \d+s in collective #\d+ '[^']*gradient allreduce", err
+    )
+
+
+def test_uneven_steps_detected_at_first_mismatched_step_when_epochs_are_known():
+    result = faulty_run("--fault", "uneven", "--epochs-known")
+    err = result.stderr
+    assert "ranks are out of step" in err, result.describe()
+    # Rank 1's 13th batch of epoch 0 meets rank 0's first batch of epoch 1.
+    assert "rank 0: train step 12 (epoch 1)" in err
+    assert "rank 1: train step 12 (epoch 0)" in err
+
+
+def test_mismatched_models_name_the_first_differing_variable():
+    result = faulty_run("--fault", "mismatch")
+    err = result.stderr
+    assert "ranks are training different models" in err, result.describe()
+    assert "first difference at variable #0" in err
+    assert "shape (3, 32)" in err and "shape (3, 36)" in err
+
+
+@pytest.mark.parametrize(
+    "policy, message",
+    [
+        ("float32", r"non-finite on 3 consecutive steps \(up to train step 4\)"),
+        (
+            "mixed_float16",
+            r"non-finite on train step 5 and the loss scale is already at its minimum 1",
+        ),
+    ],
+)
+def test_persistent_nonfinite_gradients_stop_training_naming_the_step(policy, message):
+    result = faulty_run("--fault", "nan", "--policy", policy)
+    assert re.search(message, result.stderr), result.describe()
+
+
+def test_divergence_guard_names_the_diverged_rank():
+    result = faulty_run("--fault", "diverge")
+    assert "replicas diverged at train step 6" in result.stderr, result.describe()
+    assert "ranks [1] differ from rank 0's" in result.stderr
+
+
+def test_stall_warning_names_the_missing_rank():
+    result = run_mpi(
+        2,
+        "faults.py",
+        "--fault",
+        "stall",
+        env={"KERAS_MPFP16_STALL_TIMEOUT": "2"},
+        timeout=120,
+    )
+    assert result.returncode == 0, result.describe()
+    assert "stall warning: ranks [0] have waited" in result.stderr, result.describe()
+    assert "ranks [1] have not arrived" in result.stderr
+    assert "'barrier'" in result.stderr
