@@ -110,3 +110,27 @@ def test_wire_bytes_are_halved_by_16_bit_formats():
     assert wire.wire_bytes(1000, "float32") == 4000
     assert wire.wire_bytes(1000, "float16") == 2000
     assert wire.wire_bytes(1000, "bfloat16") == 2000
+
+
+def test_stall_settings_are_validated(monkeypatch):
+    from keras_mpfp16.runtime import stall
+
+    with pytest.raises(ValueError, match="timeout must be > 0"):
+        stall.configure(timeout=0)
+    with pytest.raises(ValueError, match="abort_after must be >= 0"):
+        stall.configure(abort_after=-1)
+    monkeypatch.setenv(stall.TIMEOUT_ENV, "soon")
+    with pytest.raises(ValueError, match="KERAS_MPFP16_STALL_TIMEOUT='soon'"):
+        stall._env_seconds(stall.TIMEOUT_ENV, 60)
+
+
+def test_failure_message_names_rank_and_prefixes_every_line():
+    from keras_mpfp16.runtime import failure
+
+    try:
+        raise ValueError("boom")
+    except ValueError as e:
+        text = failure.format_failure(3, 8, type(e), e, e.__traceback__)
+    assert "unhandled ValueError on rank 3 of 8" in text
+    assert all(line.startswith("[rank 3] ") for line in text.splitlines())
+    assert "boom" in text
