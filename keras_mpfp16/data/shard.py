@@ -1,0 +1,225 @@
+"""`shard`: each rank's disjoint part of the training or validation data."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import keras
+import numpy as np
+
+from keras_mpfp16 import runtime
+from keras_mpfp16.data.arithmetic import shard_indices, shard_sizes
+from keras_mpfp16.data.py_dataset import ShardedPyDataset
+
+
+def _is_tf_dataset(x: Any) -> bool:
+    # Only a process that imported TensorFlow can hold a tf.data.Dataset;
+    # asking this way keeps `shard` usable without TensorFlow.
+    tf = sys.modules.get("tensorflow")
+    return tf is not None and isinstance(x, tf.data.Dataset)
+
+
+def _is_structure(x: Any) -> bool:
+    """dicts, and lists/tuples of arrays (multi-input `x`), as Keras reads them;
+    a list of numbers is an array-like."""
+    if isinstance(x, dict):
+        return True
+    return (
+        isinstance(x, (list, tuple))
+        and len(x) > 0
+        and all(isinstance(v, (dict, list, tuple)) or np.ndim(v) >= 1 for v in x)
+    )
+
+
+def _leaves(x: Any, path: str) -> list[tuple[str, Any]]:
+    if isinstance(x, dict):
+        return [kv for k in x for kv in _leaves(x[k], f"{path}[{k!r}]")]
+    if _is_structure(x):
+        return [kv for i, v in enumerate(x) for kv in _leaves(v, f"{path}[{i}]")]
+    return [(path, x)]
+
+
+def _map(x: Any, fn) -> Any:
+    if isinstance(x, dict):
+        return {k: _map(v, fn) for k, v in x.items()}
+    if _is_structure(x):
+        return type(x)(_map(v, fn) for v in x)
+    return fn(x)
+
+
+def _as_array(x: Any) -> Any:
+    # numpy arrays and anything indexable like one (e.g. jax arrays) pass
+    # through; other array-likes become numpy arrays.
+    return x if hasattr(x, "shape") and hasattr(x, "__getitem__") else np.asarray(x)
+
+
+def _take(leaf: Any, index) -> Any:
+    if hasattr(leaf, "iloc"):  # pandas: positional rows, not column labels
+        return leaf.iloc[index]
+    if isinstance(index, slice) or isinstance(leaf, np.ndarray):
+        return leaf[index]
+    return np.asarray(leaf)[index]  # e.g. tensors without fancy indexing
+
+
+def _shard_arrays(arrays, rank, size, batch_size, drop_remainder):
+    leaves = [
+        (path, _as_array(leaf))
+        for i, a in enumerate(arrays)
+        for path, leaf in _leaves(a, f"argument {i}")
+    ]
+    for path, leaf in leaves:
+        if len(getattr(leaf, "shape", ())) == 0:
+            raise ValueError(
+                f"shard needs arrays with a first dimension; {path} is a scalar."
+            )
+    lengths = {path: int(leaf.shape[0]) for path, leaf in leaves}
+    if len(set(lengths.values())) > 1:
+        raise ValueError(
+            "shard needs arrays of the same length (rows are matched by index); "
+            "received lengths "
+            + ", ".join(f"{p}: {n}" for p, n in lengths.items())
+            + "."
+        )
+    n = next(iter(lengths.values())) if lengths else 0
+    sizes = shard_sizes(n, size, batch_size=batch_size, drop_remainder=drop_remainder)
+    if min(sizes) == 0:
+        raise ValueError(
+            f"shard: {n} rows split over {size} ranks "
+            f"(batch_size={batch_size}, drop_remainder={drop_remainder}) leave "
+            f"rank {sizes.index(0)} without data; every rank needs at least one row."
+        )
+    index = shard_indices(
+        n, rank, size, batch_size=batch_size, drop_remainder=drop_remainder
+    )
+    out = [_map(a, lambda leaf: _take(_as_array(leaf), index)) for a in arrays]
+    return out[0] if len(out) == 1 else tuple(out)
+
+
+def _shard_dataset(dataset, rank, size, batch_size, drop_remainder):
+    if batch_size is not None:
+        raise ValueError(
+            "batch_size applies to arrays only; a tf.data.Dataset is sharded by "
+            "elements (batch it before sharding to deal whole batches)."
+        )
+    card = int(dataset.cardinality())
+    infinite, unknown = card == -1, card == -2
+    if drop_remainder and unknown:
+        raise ValueError(
+            "shard(..., drop_remainder=True) needs the dataset's length, to give "
+            "every rank the same number of elements, and this tf.data.Dataset's "
+            "cardinality is unknown. Declare it with "
+            "dataset.apply(tf.data.experimental.assert_cardinality(n)), or pass "
+            "drop_remainder=False (ranks may then run different numbers of steps, "
+            "which training does not allow)."
+        )
+    if not infinite and not unknown:
+        if card < size:
+            raise ValueError(
+                f"shard: the dataset has {card} elements, fewer than the {size} "
+                "ranks; every rank needs at least one."
+            )
+        if drop_remainder:
+            dataset = dataset.take(card // size * size)
+    return dataset.shard(size, rank)
+
+
+def shard(
+    *data: Any,
+    batch_size: int | None = None,
+    drop_remainder: bool = True,
+    rank: int | None = None,
+    num_ranks: int | None = None,
+) -> Any:
+    """This rank's disjoint part of the data, sized so all ranks run equal steps.
+
+    Call it with the same data on every rank. Each rank gets different rows,
+    and together the ranks cover the data once per epoch (see `arithmetic`
+    for exactly which rows):
+
+    - numpy arrays (or nested dicts/lists/tuples of them, e.g. a multi-input
+      `x`): rows are dealt round-robin in blocks of `batch_size` rows (1 by
+      default); all arrays are split the same way, so `x[i]` stays with
+      `y[i]` and `sample_weight[i]`. Strided views when possible (no copy).
+    - a `tf.data.Dataset`: elements are dealt round-robin
+      (`dataset.shard(N, rank)`); for a batched dataset these are batches.
+    - a `keras.utils.PyDataset`: batches are dealt round-robin (a
+      `ShardedPyDataset`).
+
+    The remainder: with `drop_remainder=True` (the default, for training)
+    every rank gets the same number of rows, so every rank runs the same
+    number of steps per epoch (required: all ranks join every gradient
+    reduction). The rows left over (fewer than N, or N * batch_size with
+    `batch_size`, the last ones) are dropped. With `drop_remainder=False`
+    (for validation) nothing is dropped: the leftover is spread over the
+    first ranks, whose step counts may then exceed the others' by one, and
+    `GlobalMetrics` keeps the validation metrics exact over the whole set.
+
+    With `batch_size=b`, the same `b` as `fit(batch_size=b)`, every rank has
+    only full batches (`drop_remainder=True`), and the k-th batches of all
+    ranks together are the k-th batch of size N*b of the unsharded data.
+
+    Args:
+        *data: One or more arrays (or nested structures of arrays) with the
+            same number of rows, or a single dataset.
+        batch_size: Rows per dealt block, for arrays (see above).
+        drop_remainder: True for training data (equal steps), False for
+            validation data (every row kept).
+        rank: This rank; defaults to `keras_mpfp16.rank()`.
+        num_ranks: N; defaults to `keras_mpfp16.size()`.
+
+    Returns:
+        The shards, in the structure given: one value for one argument, a
+        tuple for several.
+
+    Raises:
+        ValueError: if the arrays have different lengths (the message lists
+            them), if some rank would get no data, or for a `tf.data.Dataset`
+            of unknown length with `drop_remainder=True`.
+
+    Example:
+
+    ```python
+    import keras_mpfp16 as kmp
+
+    x_train, y_train = kmp.shard(x_train, y_train)
+    val = kmp.shard(x_val, y_val, drop_remainder=False)
+    model.fit(x_train, y_train, batch_size=32, validation_data=val,
+              callbacks=[kmp.callbacks.GlobalMetrics()])
+    ```
+    """
+    if not data:
+        raise ValueError("shard needs at least one array or dataset.")
+    size = runtime.size() if num_ranks is None else num_ranks
+    r = runtime.rank() if rank is None else rank
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"num_ranks must be an integer >= 1; received {size!r}.")
+    if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < size:
+        raise ValueError(f"rank must be an integer in [0, {size - 1}]; received {r!r}.")
+    datasets = [d for d in data if _is_tf_dataset(d) or _is_py_dataset(d)]
+    if datasets:
+        if len(data) > 1:
+            raise ValueError(
+                "shard takes either arrays or a single dataset; received "
+                f"{len(data)} arguments including a {type(datasets[0]).__name__}. "
+                "A dataset yields (x, y) itself."
+            )
+        (d,) = data
+        if _is_tf_dataset(d):
+            return _shard_dataset(d, r, size, batch_size, drop_remainder)
+        if batch_size is not None:
+            raise ValueError(
+                "batch_size applies to arrays only; a PyDataset is sharded by batches."
+            )
+        total = d.num_batches
+        if total is not None and total < size:
+            raise ValueError(
+                f"shard: the PyDataset has {total} batches, fewer than the {size} "
+                "ranks; every rank needs at least one."
+            )
+        return ShardedPyDataset(d, r, size, drop_remainder=drop_remainder)
+    return _shard_arrays(data, r, size, batch_size, drop_remainder)
+
+
+def _is_py_dataset(x: Any) -> bool:
+    return isinstance(x, keras.utils.PyDataset)

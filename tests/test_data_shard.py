@@ -1,0 +1,202 @@
+"""Shard arithmetic (pure functions) and `shard` on arrays and datasets, in one
+process with explicit `rank`/`num_ranks`."""
+
+import itertools
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_mpfp16.data import (
+    ShardedPyDataset,
+    shard,
+    shard_indices,
+    shard_sizes,
+    steps_per_epoch,
+)
+
+
+def rows(n, r, size, **kw):
+    return np.arange(n)[shard_indices(n, r, size, **kw)]
+
+
+CASES = list(
+    itertools.product(
+        [1, 2, 3, 5, 17, 100, 101, 1000],  # rows
+        [1, 2, 3, 8],  # ranks
+        [None, 1, 4, 32],  # batch size
+        [True, False],  # drop_remainder
+    )
+)
+
+
+@pytest.mark.parametrize("n, size, b, drop", CASES)
+def test_shards_are_disjoint_ordered_and_cover_what_they_keep(n, size, b, drop):
+    sizes = shard_sizes(n, size, batch_size=b, drop_remainder=drop)
+    parts = [rows(n, r, size, batch_size=b, drop_remainder=drop) for r in range(size)]
+    assert [len(p) for p in parts] == sizes
+    union = np.concatenate(parts)
+    assert len(np.unique(union)) == len(union)  # disjoint
+    for p in parts:
+        assert (np.diff(p) > 0).all()  # original order
+    block = b or 1
+    if drop:
+        # Equal rows (so equal steps for any batch size), only the last
+        # n mod (N*b) rows dropped.
+        assert len(set(sizes)) == 1
+        assert sorted(union.tolist()) == list(range(n - n % (size * block)))
+    else:
+        assert sorted(union.tolist()) == list(range(n))  # nothing dropped
+        assert max(sizes) - min(sizes) <= block
+
+
+@pytest.mark.parametrize("n, size, b", [(96, 3, 4), (100, 2, 8), (37, 3, 2)])
+def test_kth_batches_of_all_ranks_are_the_kth_global_batch(n, size, b):
+    for block in (None, b):
+        parts = [rows(n, r, size, batch_size=block) for r in range(size)]
+        for k in range(len(parts[0]) // b):
+            together = sorted(np.concatenate([p[k * b : (k + 1) * b] for p in parts]))
+            assert together == list(range(k * size * b, (k + 1) * size * b))
+
+
+def test_documented_examples():
+    assert shard_sizes(10, 3) == [3, 3, 3]
+    assert shard_sizes(10, 3, drop_remainder=False) == [4, 3, 3]
+    assert shard_sizes(100, 3, batch_size=16, drop_remainder=False) == [36, 32, 32]
+    assert shard_sizes(100, 3, batch_size=16) == [32, 32, 32]
+    assert [steps_per_epoch(s, 16) for s in [36, 32, 32]] == [3, 2, 2]
+
+
+def test_single_row_blocks_are_strided_views():
+    index = shard_indices(10, 1, 3)
+    assert index == slice(1, 10, 3)
+    x = np.arange(20).reshape(10, 2)
+    xs = shard(x, rank=1, num_ranks=3)
+    assert np.shares_memory(xs, x)
+    np.testing.assert_array_equal(xs[:, 0], [2, 8, 14])
+
+
+def test_shard_keeps_rows_together_across_arrays_and_structures():
+    n = 11
+    x = {"a": np.arange(n), "b": np.arange(n) * 10}
+    y = np.arange(n) * 100
+    w = list(np.arange(n) * 1000)  # an array-like
+    xs, ys, ws = shard(x, y, w, rank=1, num_ranks=2, batch_size=2)
+    np.testing.assert_array_equal(xs["a"], [2, 3, 6, 7])
+    np.testing.assert_array_equal(xs["b"], xs["a"] * 10)
+    np.testing.assert_array_equal(ys, xs["a"] * 100)
+    np.testing.assert_array_equal(ws, xs["a"] * 1000)
+
+
+def test_one_argument_gives_one_value():
+    out = shard(np.arange(6), rank=0, num_ranks=2)
+    assert isinstance(out, np.ndarray)
+    np.testing.assert_array_equal(out, [0, 2, 4])
+
+
+def test_different_lengths_name_the_lengths():
+    with pytest.raises(ValueError, match=r"argument 0: 10, argument 1: 9"):
+        shard(np.zeros(10), np.zeros(9), rank=0, num_ranks=2)
+    with pytest.raises(ValueError, match=r"argument 0\['a'\]: 4, argument 0\['b'\]: 5"):
+        shard({"a": np.zeros(4), "b": np.zeros(5)}, rank=0, num_ranks=2)
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: shard(np.zeros(2), rank=0, num_ranks=3), "leave rank 0 without data"),
+        (
+            lambda: shard(np.zeros(5), rank=0, num_ranks=2, batch_size=4),
+            "leave rank 0 without data",
+        ),
+        (
+            lambda: shard(np.zeros(4), rank=2, num_ranks=2),
+            r"rank must be an integer in \[0, 1\]",
+        ),
+        (
+            lambda: shard(np.zeros(4), rank=0, num_ranks=0),
+            "num_ranks must be an integer >= 1",
+        ),
+        (
+            lambda: shard(np.zeros(4), rank=0, num_ranks=2, batch_size=0),
+            "batch_size must be None or an integer >= 1; received 0",
+        ),
+        (lambda: shard(), "at least one"),
+        (lambda: shard(np.float32(3.0), rank=0, num_ranks=1), "is a scalar"),
+    ],
+)
+def test_bad_input(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_tf_dataset_equal_elements_and_no_loss_for_validation():
+    ds = tf.data.Dataset.range(10)
+    parts = [list(shard(ds, rank=r, num_ranks=3).as_numpy_iterator()) for r in range(3)]
+    assert parts == [[0, 3, 6], [1, 4, 7], [2, 5, 8]]  # 9 dropped: equal steps
+    parts = [
+        list(shard(ds, rank=r, num_ranks=3, drop_remainder=False).as_numpy_iterator())
+        for r in range(3)
+    ]
+    assert parts == [[0, 3, 6, 9], [1, 4, 7], [2, 5, 8]]
+    batched = tf.data.Dataset.range(10).batch(2)  # whole batches are dealt
+    got = [b.tolist() for b in shard(batched, rank=1, num_ranks=2).as_numpy_iterator()]
+    assert got == [[2, 3], [6, 7]]
+
+
+def test_tf_dataset_of_unknown_length():
+    ds = tf.data.Dataset.range(10).filter(lambda v: v % 2 == 0)
+    with pytest.raises(ValueError, match="cardinality is unknown"):
+        shard(ds, rank=0, num_ranks=2)
+    got = list(shard(ds, rank=1, num_ranks=2, drop_remainder=False).as_numpy_iterator())
+    assert got == [2, 6]
+    with pytest.raises(ValueError, match="batch_size applies to arrays"):
+        shard(tf.data.Dataset.range(4), rank=0, num_ranks=2, batch_size=2)
+    with pytest.raises(ValueError, match="either arrays or a single dataset"):
+        shard(tf.data.Dataset.range(4), np.zeros(4), rank=0, num_ranks=2)
+
+
+class Batches(keras.utils.PyDataset):
+    def __init__(self, n, **kw):
+        super().__init__(**kw)
+        self.n, self.epochs_ended = n, 0
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return np.full((2, 1), i, "float32"), np.zeros((2, 1), "float32")
+
+    def on_epoch_end(self):
+        self.epochs_ended += 1
+
+
+def test_py_dataset_batches_dealt_round_robin():
+    base = Batches(7, workers=2, max_queue_size=3)
+    parts = [shard(base, rank=r, num_ranks=3) for r in range(3)]
+    assert all(isinstance(p, ShardedPyDataset) for p in parts)
+    assert [len(p) for p in parts] == [2, 2, 2]
+    assert [int(p[i][0][0, 0]) for p in parts for i in range(len(p))] == [
+        0,
+        3,
+        1,
+        4,
+        2,
+        5,
+    ]
+    assert parts[0].workers == 2 and parts[0].max_queue_size == 3
+    keep = [shard(base, rank=r, num_ranks=3, drop_remainder=False) for r in range(3)]
+    assert [len(p) for p in keep] == [3, 2, 2]
+    assert int(keep[0][2][0][0, 0]) == 6
+    with pytest.raises(IndexError):
+        keep[1][2]
+    keep[0].on_epoch_end()
+    assert base.epochs_ended == 1
+
+
+def test_py_dataset_trains():
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    history = model.fit(shard(Batches(6), rank=1, num_ranks=2), epochs=1, verbose=0)
+    assert len(history.history["loss"]) == 1
