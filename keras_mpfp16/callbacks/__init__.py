@@ -1,5 +1,50 @@
-"""Callbacks: learning-rate scaling, exact metric averaging, rank-0 output."""
+"""Callbacks: learning-rate scaling, exact global metrics, rank-0 output.
 
-from keras_mpfp16.callbacks.rank_output import quiet_non_root_ranks
+- `LearningRateScaler`: the single-worker learning rate scaled for N workers
+  ("linear", "sqrt", "paper", "none"), with warmup, decay and a cap,
+  computed inside every train step.
+- `GlobalMetrics`: logs (training and validation, per batch and per epoch)
+  that are exact over all ranks' data, whatever the callback order.
+- `AtomicModelCheckpoint`: `ModelCheckpoint` written by rank 0 only, via a
+  temporary file and an atomic rename.
+- `root_only`: run any callback (CSVLogger, TensorBoard, ...) on rank 0 only.
+"""
 
-__all__ = ["quiet_non_root_ranks"]
+from keras_mpfp16.callbacks import rank_output as _rank_output
+
+# Before anything else can print (e.g. `model.summary()` before the optimizer
+# exists): silence ranks that the MPI launcher says are not rank 0. No MPI
+# call; `import keras_mpfp16` runs this because the optimizer imports
+# `rank_output`.
+_rank_output.quiet_non_root_ranks_early()
+
+from keras_mpfp16.callbacks.checkpoint import (  # noqa: E402
+    AtomicModelCheckpoint,
+    temporary_path,
+)
+from keras_mpfp16.callbacks.global_metrics import GlobalMetrics  # noqa: E402
+from keras_mpfp16.callbacks.lr_scaler import (  # noqa: E402
+    LearningRateScaler,
+    ScaledLearningRate,
+)
+from keras_mpfp16.callbacks.lr_schedule import (  # noqa: E402
+    SCALING_RULES,
+    scale_factor,
+    scaled_learning_rate,
+)
+from keras_mpfp16.callbacks.rank_output import quiet_non_root_ranks  # noqa: E402
+from keras_mpfp16.callbacks.root_only import RootOnly, root_only  # noqa: E402
+
+__all__ = [
+    "SCALING_RULES",
+    "AtomicModelCheckpoint",
+    "GlobalMetrics",
+    "LearningRateScaler",
+    "RootOnly",
+    "ScaledLearningRate",
+    "quiet_non_root_ranks",
+    "root_only",
+    "scale_factor",
+    "scaled_learning_rate",
+    "temporary_path",
+]

@@ -1,0 +1,366 @@
+"""`LearningRateScaler`: the single-worker learning rate, scaled for N workers.
+
+The callback is a thin shell around `lr_schedule.scaled_learning_rate`. The
+rate is computed inside the train step from an in-graph batch counter, so
+every step gets its exact rate even with `steps_per_execution > 1` (when
+Keras calls batch callbacks only every few batches), and the rate a step
+used is returned in that step's logs as `learning_rate`.
+
+How it reaches the optimizer: the innermost optimizer's learning rate (its
+float variable, or its `LearningRateSchedule`) is left in place as the
+single-worker base and temporarily replaced by `ScaledLearningRate`, a
+callable the optimizer calls for its rate. Its optimizer variables are
+unchanged, so checkpoints keep the base rate, and a checkpoint written while
+training loads with the original learning rate (see `from_config`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_mpfp16 import runtime
+from keras_mpfp16.callbacks import step_hooks
+from keras_mpfp16.callbacks.lr_schedule import (
+    DEFAULT_N0,
+    scale_factor,
+    scaled_learning_rate,
+    validate_rule,
+    validate_schedule_args,
+)
+from keras_mpfp16.runtime import progress
+
+# Inside the metric reduction (priority 100): the rate is set before the step.
+_PRIORITY = 10
+
+
+def innermost_optimizer(optimizer):
+    """The optimizer that owns the learning rate (unwraps loss-scale wrappers)."""
+    while getattr(optimizer, "inner_optimizer", None) is not None:
+        optimizer = optimizer.inner_optimizer
+    return optimizer
+
+
+@keras.saving.register_keras_serializable(package="keras_mpfp16")
+class ScaledLearningRate:
+    """What the optimizer calls for its rate while a `LearningRateScaler` runs.
+
+    Calling it returns the rate of the current step (computed in the train
+    step). Assigning to it (`optimizer.learning_rate = x`, as
+    `keras.callbacks.ReduceLROnPlateau` does) rescales the schedule by
+    `x / current rate` from then on, instead of being overwritten by the next
+    step.
+
+    It is never saved: `get_config` holds the single-worker learning rate it
+    stands in for, and `from_config` returns that, so a model saved while
+    training loads with its original optimizer settings.
+    """
+
+    def __init__(self, scaler: LearningRateScaler, original: Any):
+        self._scaler = scaler
+        self.original = original
+
+    def __call__(self):
+        return self._scaler._rate
+
+    def assign(self, value) -> None:
+        self._scaler._rescale(float(ops.convert_to_numpy(value)))
+
+    def get_config(self) -> dict[str, Any]:
+        original = self.original
+        if isinstance(original, keras.Variable):
+            value = float(ops.convert_to_numpy(original))
+        elif isinstance(original, keras.optimizers.schedules.LearningRateSchedule):
+            value = keras.optimizers.schedules.serialize(original)
+        else:
+            value = float(original)
+        return {"learning_rate": value}
+
+    @classmethod
+    def from_config(cls, config):
+        value = config["learning_rate"]
+        if isinstance(value, dict):
+            return keras.optimizers.schedules.deserialize(value)
+        return value
+
+
+class LearningRateScaler(keras.callbacks.Callback):
+    """Scales the single-worker learning rate for N workers, with warmup and decay.
+
+    The optimizer keeps the single-worker recipe's learning rate `lr0` (a
+    float, or a `LearningRateSchedule`, evaluated at the optimizer's own
+    step). At fractional epoch `e` (epoch + batches done / batches per epoch)
+    each train step uses
+
+        lr(e) = min(max_lr, lr0 * ramp(e) * decay(e) * multiplier)
+
+    where `ramp` goes linearly from 1 to the scale factor over
+    `warmup_epochs` and stays there (Goyal et al. 2017), the factor is
+    N ("linear"), sqrt(N) ("sqrt"), N / (1 + N / n0) ("paper": Svyatkovskiy
+    et al. 2017, FRNN's rule with n0 = 100) or 1 ("none"), and `decay(e)` is
+    `decay ** e` (FRNN: 0.97) or a callable's value. The formula is
+    `keras_mpfp16.callbacks.scaled_learning_rate`.
+
+    The rate is computed inside each train step from an in-graph batch
+    counter: every step gets its exact rate, also with
+    `steps_per_execution > 1`; it is identical on all ranks (all inputs are)
+    and returned in the step's logs as `learning_rate` (so the progress bar,
+    every callback and `History` see it).
+
+    Resuming: the position is the epoch Keras reports (`initial_epoch`) plus
+    the batches done in it, and the base `lr0` stays in the optimizer, so
+    `fit(..., initial_epoch=k)` on a loaded checkpoint continues the schedule
+    exactly, also in the middle of the warmup.
+
+    `keras.callbacks.ReduceLROnPlateau` composes: its
+    `optimizer.learning_rate = new_lr` multiplies the schedule by
+    `new_lr / current rate` from then on (`multiplier` above); the warmup and
+    decay continue on top, and `max_lr` still caps. Rank 0's multiplier is
+    broadcast at every epoch start, so all ranks use the same rate even if
+    their plateau decisions differed; use `GlobalMetrics` so they see the
+    same metrics. The multiplier is not saved in checkpoints (like
+    ReduceLROnPlateau's own state). Do not combine with
+    `keras.callbacks.LearningRateScheduler`, which sets absolute rates.
+
+    After `fit`, the optimizer's own learning rate (`lr0`) is back in place.
+
+    Args:
+        rule: `"linear"` (default), `"sqrt"`, `"paper"` or `"none"`.
+        warmup_epochs: Epochs (fractional allowed) over which the rate ramps
+            from `lr0` to the scaled rate, updated every batch. 0 (default):
+            no warmup.
+        decay: None (default), a per-epoch factor in (0, 1] applied as
+            `decay ** epoch` with fractional epochs, or a callable
+            `epoch -> multiplier` (called inside the train step with a scalar
+            float32 tensor: use `keras.ops`).
+        max_lr: Cap on the rate, or None (FRNN used 0.1).
+        num_workers: N. Defaults to `keras_mpfp16.size()`; give it to study a
+            large N on one machine.
+        n0: The constant of the rule `"paper"` (default 100).
+        base_learning_rate: `lr0` as a float, overriding the optimizer's
+            learning rate.
+        steps_per_epoch: Batches per epoch, for the fractional epoch. By
+            default Keras's count; needed when that is unknown (e.g. a
+            `tf.data.Dataset` of unknown cardinality) and warmup or decay are
+            used.
+        verbose: 1 prints the rate at the start of every epoch (rank 0).
+
+    Example:
+
+    ```python
+    import keras_mpfp16 as kmp
+
+    model.compile(optimizer=kmp.DistributedOptimizer(keras.optimizers.SGD(0.01)),
+                  loss="mse")
+    scaler = kmp.callbacks.LearningRateScaler(rule="linear", warmup_epochs=5)
+    model.fit(*kmp.shard(x, y), batch_size=32, epochs=90, callbacks=[scaler])
+    ```
+    """
+
+    def __init__(
+        self,
+        rule: str = "linear",
+        warmup_epochs: float = 0.0,
+        decay: float | Callable[[Any], Any] | None = None,
+        max_lr: float | None = None,
+        num_workers: int | None = None,
+        n0: float = DEFAULT_N0,
+        base_learning_rate: float | None = None,
+        steps_per_epoch: int | None = None,
+        verbose: int = 0,
+    ):
+        super().__init__()
+        validate_rule(rule)
+        validate_schedule_args(warmup_epochs, decay, max_lr)
+        if num_workers is not None:
+            scale_factor(rule, num_workers, n0)  # validates num_workers and n0
+        else:
+            scale_factor(rule, 1, n0)
+        if base_learning_rate is not None and not (
+            isinstance(base_learning_rate, (int, float))
+            and not isinstance(base_learning_rate, bool)
+            and base_learning_rate >= 0
+        ):
+            raise ValueError(
+                "base_learning_rate must be None or a number >= 0; received "
+                f"{base_learning_rate!r}."
+            )
+        if steps_per_epoch is not None and (
+            isinstance(steps_per_epoch, bool)
+            or not isinstance(steps_per_epoch, int)
+            or steps_per_epoch < 1
+        ):
+            raise ValueError(
+                "steps_per_epoch must be None or an integer >= 1; received "
+                f"{steps_per_epoch!r}."
+            )
+        self.rule = rule
+        self.warmup_epochs = float(warmup_epochs)
+        self.decay = decay
+        self.max_lr = None if max_lr is None else float(max_lr)
+        self.num_workers = num_workers
+        self.n0 = float(n0)
+        self.base_learning_rate = base_learning_rate
+        self.steps_per_epoch = steps_per_epoch
+        self.verbose = verbose
+
+        # State read inside the train step. Plain variables of the callback,
+        # not of the model or optimizer: nothing about checkpoints changes.
+        def var(value, dtype):
+            return keras.Variable(value, dtype=dtype, trainable=False)
+
+        self._epoch = var(0.0, "float32")  # epoch index (from Keras)
+        self._batch = var(0, "int64")  # batches done in this epoch
+        self._inv_steps = var(0.0, "float32")  # 1 / batches per epoch
+        self._multiplier = var(1.0, "float32")  # external changes
+        self._rate = var(0.0, "float32")  # the rate of the current step
+        self._proxy: ScaledLearningRate | None = None
+        self._optimizer = None
+
+    # -- the schedule ---------------------------------------------------------------
+
+    @property
+    def factor(self) -> float:
+        n = self.num_workers if self.num_workers is not None else runtime.size()
+        return scale_factor(self.rule, n, self.n0)
+
+    def _base_rate(self):
+        if self.base_learning_rate is not None:
+            return ops.convert_to_tensor(float(self.base_learning_rate), "float32")
+        original = self._proxy.original
+        if isinstance(original, keras.optimizers.schedules.LearningRateSchedule):
+            return ops.cast(original(self._optimizer.iterations), "float32")
+        return ops.cast(ops.convert_to_tensor(original), "float32")
+
+    def _current_rate(self):
+        epoch = self._epoch + ops.cast(self._batch, "float32") * self._inv_steps
+        rate = scaled_learning_rate(
+            epoch,
+            self._base_rate(),
+            self.factor,
+            warmup_epochs=self.warmup_epochs,
+            decay=self.decay,
+            max_lr=self.max_lr,
+            multiplier=self._multiplier,
+            xp=ops,
+        )
+        return ops.cast(rate, "float32")
+
+    def _wrap_train(self, step):
+        def wrapped(data):
+            rate = self._current_rate()
+            self._rate.assign(rate)
+            logs = step(data)
+            self._batch.assign_add(1)
+            if isinstance(logs, dict):
+                logs = {**logs, "learning_rate": rate}
+            return logs
+
+        return wrapped
+
+    def _rescale(self, new_rate: float) -> None:
+        current = float(ops.convert_to_numpy(self._rate))
+        if current > 0:
+            self._multiplier.assign(
+                float(ops.convert_to_numpy(self._multiplier)) * new_rate / current
+            )
+        self._rate.assign(new_rate)
+
+    # -- installation -----------------------------------------------------------
+
+    def set_model(self, model):
+        super().set_model(model)
+        optimizer = getattr(model, "optimizer", None)
+        if optimizer is None or self._proxy is not None:
+            return
+        inner = innermost_optimizer(optimizer)
+        original = inner._learning_rate
+        if isinstance(original, ScaledLearningRate):  # left over from a crashed fit
+            original = original.original
+        if not isinstance(
+            original,
+            (keras.Variable, keras.optimizers.schedules.LearningRateSchedule),
+        ) and not isinstance(original, (int, float)):
+            raise TypeError(
+                "LearningRateScaler needs an optimizer whose learning rate is a "
+                "float or a keras.optimizers.schedules.LearningRateSchedule; "
+                f"received {type(original).__name__}."
+            )
+        self._optimizer = inner
+        self._proxy = ScaledLearningRate(self, original)
+        # Direct attribute, not the `learning_rate` setter: the setter would
+        # untrack the optimizer's learning-rate variable and change what
+        # checkpoints hold.
+        inner._learning_rate = self._proxy
+        step_hooks.install(model, self, train=self._wrap_train, priority=_PRIORITY)
+
+    def _remove(self):
+        if self._proxy is None:
+            return
+        self._optimizer._learning_rate = self._proxy.original
+        step_hooks.uninstall(self.model, self)
+        self._proxy = None
+        self._optimizer = None
+
+    # -- callback hooks -------------------------------------------------------------
+
+    def on_train_begin(self, logs=None):
+        if self._proxy is None:
+            return
+        steps = self.steps_per_epoch or (self.params or {}).get("steps")
+        if not steps:
+            if self.warmup_epochs > 0 or self.decay is not None:
+                raise ValueError(
+                    "LearningRateScaler needs the number of batches per epoch for "
+                    "its warmup/decay, and Keras does not know it for this data; "
+                    "pass steps_per_epoch=... to the callback."
+                )
+            steps = 1  # the epoch fraction is unused
+        self._inv_steps.assign(1.0 / steps)
+        self._multiplier.assign(1.0)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        progress.set_epoch(epoch)  # for the gradient reduction's step check
+        if self._proxy is None:
+            return
+        if self._data_parallel():
+            # Rank 0's external changes (ReduceLROnPlateau) win everywhere.
+            mult = np.asarray([ops.convert_to_numpy(self._multiplier)], np.float64)
+            self._multiplier.assign(float(runtime.broadcast(mult)[0]))
+        self._epoch.assign(float(epoch))
+        self._batch.assign(0)
+        self._rate.assign(self._current_rate())
+        if self.verbose > 0 and runtime.is_root():
+            print(
+                f"\nEpoch {epoch + 1}: LearningRateScaler sets the learning rate to "
+                f"{float(ops.convert_to_numpy(self._rate)):.6g}."
+            )
+
+    def on_train_end(self, logs=None):
+        self._remove()
+
+    def _data_parallel(self) -> bool:
+        """True when the ranks train one model together (and must agree)."""
+        # Imported here: the optimizer package imports this one.
+        from keras_mpfp16.optimizer import DistributedOptimizer
+
+        return runtime.size() > 1 and isinstance(
+            self.model.optimizer, DistributedOptimizer
+        )
+
+    def get_config(self) -> dict[str, Any]:
+        return {
+            "rule": self.rule,
+            "warmup_epochs": self.warmup_epochs,
+            "decay": self.decay if not callable(self.decay) else None,
+            "max_lr": self.max_lr,
+            "num_workers": self.num_workers,
+            "n0": self.n0,
+            "base_learning_rate": self.base_learning_rate,
+            "steps_per_epoch": self.steps_per_epoch,
+            "verbose": self.verbose,
+        }

@@ -1,0 +1,76 @@
+"""Running a callback on rank 0 only (checkpoints, TensorBoard, CSV logs)."""
+
+from __future__ import annotations
+
+import keras
+
+from keras_mpfp16 import runtime
+
+
+class RootOnly(keras.callbacks.Callback):
+    """Stands in for a callback on ranks other than 0: does nothing.
+
+    It still forwards `set_model` and `set_params`, so the wrapped callback
+    has its model and parameters on every rank (code that inspects it, or a
+    `get_config`, works the same everywhere). Its batch hooks are Keras's
+    defaults, so it does not switch off Keras's asynchronous batch-callback
+    dispatch. Made by `root_only`.
+
+    Args:
+        callback: The callback that runs on rank 0.
+    """
+
+    async_safe = True
+
+    def __init__(self, callback: keras.callbacks.Callback):
+        super().__init__()
+        if not isinstance(callback, keras.callbacks.Callback):
+            raise TypeError(
+                "root_only expects a keras.callbacks.Callback; received an "
+                f"object of type {type(callback).__name__}."
+            )
+        self.callback = callback
+
+    def set_model(self, model):
+        super().set_model(model)
+        self.callback.set_model(model)
+
+    def set_params(self, params):
+        super().set_params(params)
+        self.callback.set_params(params)
+
+
+def root_only(callback: keras.callbacks.Callback) -> keras.callbacks.Callback:
+    """Runs `callback` on rank 0 only.
+
+    For callbacks that write files or print: `ModelCheckpoint`, `TensorBoard`,
+    `CSVLogger`, `BackupAndRestore`-like user callbacks. Never for callbacks
+    that change training (`EarlyStopping`, `ReduceLROnPlateau`,
+    `TerminateOnNaN`): every rank must take those decisions together, so run
+    them on all ranks and add `GlobalMetrics` so they all see the same logs.
+
+    Args:
+        callback: A Keras callback.
+
+    Returns:
+        `callback` itself on rank 0; on other ranks a `RootOnly` that does
+        nothing but forward `set_model`/`set_params` to it.
+
+    Example:
+
+    ```python
+    import keras_mpfp16 as kmp
+
+    callbacks = [
+        kmp.callbacks.GlobalMetrics(),
+        kmp.callbacks.root_only(keras.callbacks.CSVLogger("log.csv")),
+        kmp.callbacks.root_only(keras.callbacks.TensorBoard("tb")),
+    ]
+    ```
+    """
+    if not isinstance(callback, keras.callbacks.Callback):
+        raise TypeError(
+            "root_only expects a keras.callbacks.Callback; received an object "
+            f"of type {type(callback).__name__}."
+        )
+    return callback if runtime.is_root() else RootOnly(callback)
