@@ -36,15 +36,18 @@ def worker(args):
     import numpy as np
 
     keras.config.set_dtype_policy(args.policy)
-    if args.layer == "mpfp16":
-        from keras_mpfp16.layers import LSTM
 
-        make = lambda units, rs: LSTM(units, return_sequences=rs)  # noqa: E731
-    else:
-        cudnn = args.layer == "keras-cudnn"
-        make = lambda units, rs: keras.layers.LSTM(
-            units, return_sequences=rs, use_cudnn=cudnn
-        )  # noqa: E731
+    def make(units, return_sequences):
+        if args.layer == "mpfp16":
+            from keras_mpfp16.layers import LSTM
+
+            return LSTM(units, return_sequences=return_sequences)
+        return keras.layers.LSTM(
+            units,
+            return_sequences=return_sequences,
+            use_cudnn=args.layer == "keras-cudnn",
+        )
+
     stack = [keras.Input((args.timesteps, args.features))]
     for i in range(args.layers):
         stack.append(make(args.units, i < args.layers - 1))

@@ -52,7 +52,7 @@ def run(sizes=None, rounds: int = 3, graph: bool = True) -> list[dict]:
         elems = max(1, nbytes // 4)
         rng = np.random.default_rng(runtime.rank())
         buf = rng.normal(size=elems).astype(np.float32)
-        variants = _variants(comm, MPI, buf, graph_fn if nbytes <= 2**26 else None)
+        variants = _variants(comm, MPI, buf, graph_fn if nbytes <= 2**28 else None)
         calls = _calls_for(nbytes)
         times: dict[str, list[float]] = {k: [] for k in variants}
         for _ in range(rounds):  # interleaved: every variant once per round

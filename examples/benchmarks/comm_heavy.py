@@ -1,0 +1,132 @@
+"""Communication-heavy regime: a ~31M-parameter LSTM where the allreduce is a
+large share of the step. Does the np=2 step approach max(compute, comm)?
+
+    python examples/benchmarks/comm_heavy.py --rounds 3 --out docs/benchmarks/comm_heavy.json
+
+Interleaved per round:
+  compute      one process pinned to one core, bare Keras optimizer (no comm)
+  comm         np=2: the in-step reduction path (tf.function over the fused
+               gradients, one bucket) on the same number of bytes
+  np2_25mb     np=2 training, 25 MB buckets (reductions can start while the
+               backward pass still runs)
+  np2_1bucket  np=2 training, one bucket (reduction only after all gradients)
+Each np=2 run binds one core per rank.
+"""
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1] / "tests"))
+
+from mpi_launch import mpi_env, mpirun_path  # noqa: E402
+
+MODEL = [
+    "--units",
+    "1536",
+    "--layers",
+    "2",
+    "--timesteps",
+    "8",
+    "--features",
+    "512",
+    "--batch",
+    "8",
+]
+
+
+def run(cmd, out_path):
+    res = subprocess.run(
+        cmd, capture_output=True, text=True, env=mpi_env(), timeout=1200
+    )
+    if res.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}\n{res.stderr[-3000:]}")
+    return json.loads(Path(out_path).read_text())
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--out")
+    args = p.parse_args()
+    py, mpirun = sys.executable, mpirun_path()
+    tmp = Path("/tmp/kmp_comm_heavy.json")
+    train = [
+        py,
+        "-m",
+        "keras_mpfp16.benchmark",
+        "train",
+        *MODEL,
+        "--steps",
+        str(args.steps),
+        "--rounds",
+        "2",
+        "--out",
+        str(tmp),
+    ]
+    np2 = [mpirun, "-np", "2", "--bind-to", "core", "--map-by", "core"]
+    raw = {"compute": [], "comm": [], "np2_25mb": [], "np2_1bucket": []}
+    params = None
+    for r in range(args.rounds):
+        res = run(["taskset", "-c", "0", *train, "--plain"], tmp)
+        params = res["params"]
+        raw["compute"].append(min(res["seconds_per_step_all"]))
+        ar = run(
+            [
+                *np2,
+                py,
+                "-m",
+                "keras_mpfp16.benchmark",
+                "allreduce",
+                "--sizes",
+                str(params * 4),
+                "--rounds",
+                "2",
+                "--out",
+                str(tmp),
+            ],
+            tmp,
+        )
+        raw["comm"].append(
+            next(
+                x["seconds"]
+                for x in ar["records"]
+                if x["variant"] == "ours_graph_float32"
+            )
+        )
+        res = run([*np2, *train, "--bucket-mb", "25"], tmp)
+        raw["np2_25mb"].append(min(res["seconds_per_step_all"]))
+        res = run([*np2, *train, "--bucket-mb", "4096"], tmp)
+        raw["np2_1bucket"].append(min(res["seconds_per_step_all"]))
+        print(
+            f"round {r + 1}: "
+            + "  ".join(f"{k}={v[-1] * 1e3:.0f}ms" for k, v in raw.items()),
+            flush=True,
+        )
+    med = {k: statistics.median(v) for k, v in raw.items()}
+    summary = {
+        "params": params,
+        "gradient_MB": params * 4 / 2**20,
+        "median_seconds": med,
+        "sum_compute_comm": med["compute"] + med["comm"],
+        "max_compute_comm": max(med["compute"], med["comm"]),
+    }
+    print(json.dumps(summary, indent=1))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(
+            json.dumps(
+                {"when": time.strftime("%Y-%m-%d %H:%M"), "raw": raw, **summary},
+                indent=1,
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()
