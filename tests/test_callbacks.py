@@ -115,7 +115,7 @@ def test_every_step_uses_its_exact_rate(spe):
     np.testing.assert_allclose(history.history["learning_rate"], last, rtol=1e-6)
     # After fit the optimizer's own (single-worker) rate is back.
     assert float(model.optimizer.learning_rate.numpy()) == pytest.approx(0.01)
-    assert not step_hooks.installed(model, scaler)
+    assert not step_hooks.installed(model, "keras_mpfp16.LearningRateScaler")
 
 
 def test_schedule_learning_rate_is_the_base_and_survives_saving(tmp_path):
@@ -202,6 +202,41 @@ def test_resume_in_the_middle_of_warmup_continues_the_schedule(tmp_path):
     got = {(e + 2, b): v for (e, b), v in trace2.batch_lr.items()}
     want = {k: v for k, v in trace.batch_lr.items() if k[0] >= 2}
     assert got == pytest.approx(want, rel=1e-7)
+
+
+def test_a_fit_that_raises_leaves_nothing_that_stacks_on_the_next_fit():
+    class Boom(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            raise RuntimeError("boom")
+
+    model = slope_model(0.01)
+    x, y = ones()
+    with pytest.raises(RuntimeError, match="boom"):
+        model.fit(
+            x,
+            y,
+            batch_size=4,
+            epochs=2,
+            verbose=0,
+            callbacks=[LearningRateScaler(num_workers=4), Boom()],
+        )
+    kernel = float(model.layers[0].kernel.numpy()[0, 0])
+    trace = Trace()
+    model.fit(
+        x,
+        y,
+        batch_size=4,
+        epochs=1,
+        shuffle=False,
+        verbose=0,
+        callbacks=[trace, LearningRateScaler(num_workers=2)],
+    )
+    assert list(trace.batch_lr.values()) == pytest.approx(
+        [0.02] * STEPS
+    )  # 0.01 * 2, once
+    assert kernel - trace.kernel[0] == pytest.approx(STEPS * 0.02, rel=1e-5)
+    assert float(model.optimizer.learning_rate.numpy()) == pytest.approx(0.01)
+    assert not step_hooks.installed(model, "keras_mpfp16.LearningRateScaler")
 
 
 def test_reduce_lr_on_plateau_multiplies_the_schedule():
@@ -414,6 +449,6 @@ def test_global_metrics_is_a_no_op_in_one_process():
     gm = GlobalMetrics()
     x, y = ones()
     model.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[gm])
-    assert not step_hooks.installed(model, gm)
+    assert not step_hooks.installed(model, "keras_mpfp16.GlobalMetrics")
     assert "get_metrics_result" not in model.__dict__
     assert GlobalMetrics(**gm.get_config()).check_steps is True

@@ -44,6 +44,7 @@ from keras_mpfp16.runtime import progress
 # Outermost of the step hooks, so logs added by inner hooks (the learning
 # rate) pass through and the metric reduction sees the whole step.
 _PRIORITY = 100
+_KEY = "keras_mpfp16.GlobalMetrics"
 
 
 def metric_variables(model) -> list:
@@ -121,14 +122,20 @@ class GlobalMetrics(keras.callbacks.Callback):
         if self._active:
             return
         self._guard_jit(model)
+        # One reduction per model: a later GlobalMetrics (or one in the next
+        # fit, after a fit that raised) replaces an earlier one.
         step_hooks.install(
             model,
-            self,
+            _KEY,
             train=self._wrap_train,
             test=self._wrap_test,
             priority=_PRIORITY,
+            owner=self,
         )
-        self._own_get_metrics_result = model.__dict__.get("get_metrics_result")
+        own = model.__dict__.get("get_metrics_result")
+        while isinstance(getattr(own, "__self__", None), GlobalMetrics):
+            own = own.__self__._own_get_metrics_result
+        self._own_get_metrics_result = own
         model.get_metrics_result = self._get_metrics_result
         self._active = True
 
@@ -136,11 +143,12 @@ class GlobalMetrics(keras.callbacks.Callback):
         if not self._active:
             return
         model = self.model
-        step_hooks.uninstall(model, self)
-        if self._own_get_metrics_result is not None:
-            model.get_metrics_result = self._own_get_metrics_result
-        elif "get_metrics_result" in model.__dict__:
-            del model.get_metrics_result
+        step_hooks.uninstall(model, _KEY, owner=self)
+        if model.__dict__.get("get_metrics_result") == self._get_metrics_result:
+            if self._own_get_metrics_result is not None:
+                model.get_metrics_result = self._own_get_metrics_result
+            else:
+                del model.get_metrics_result
         self._own_get_metrics_result = None
         self._active = False
 

@@ -36,6 +36,7 @@ from keras_mpfp16.runtime import progress
 
 # Inside the metric reduction (priority 100): the rate is set before the step.
 _PRIORITY = 10
+_KEY = "keras_mpfp16.LearningRateScaler"
 
 
 def innermost_optimizer(optimizer):
@@ -279,7 +280,9 @@ class LearningRateScaler(keras.callbacks.Callback):
             return
         inner = innermost_optimizer(optimizer)
         original = inner._learning_rate
-        if isinstance(original, ScaledLearningRate):  # left over from a crashed fit
+        # Another scaler's stand-in (left by a fit that raised, or a second
+        # scaler): the latest scaler takes over, from the same base rate.
+        while isinstance(original, ScaledLearningRate):
             original = original.original
         if not isinstance(
             original,
@@ -296,13 +299,16 @@ class LearningRateScaler(keras.callbacks.Callback):
         # untrack the optimizer's learning-rate variable and change what
         # checkpoints hold.
         inner._learning_rate = self._proxy
-        step_hooks.install(model, self, train=self._wrap_train, priority=_PRIORITY)
+        step_hooks.install(
+            model, _KEY, train=self._wrap_train, priority=_PRIORITY, owner=self
+        )
 
     def _remove(self):
         if self._proxy is None:
             return
-        self._optimizer._learning_rate = self._proxy.original
-        step_hooks.uninstall(self.model, self)
+        if self._optimizer._learning_rate is self._proxy:
+            self._optimizer._learning_rate = self._proxy.original
+        step_hooks.uninstall(self.model, _KEY, owner=self)
         self._proxy = None
         self._optimizer = None
 

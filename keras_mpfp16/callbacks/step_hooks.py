@@ -26,6 +26,7 @@ class _Hook:
     priority: int
     train: StepWrapper | None
     test: StepWrapper | None
+    owner: object
 
 
 @dataclass
@@ -47,15 +48,21 @@ def install(
     train: StepWrapper | None = None,
     test: StepWrapper | None = None,
     priority: int = 0,
+    owner: object = None,
 ) -> None:
     """Adds (or replaces) the hook `key` on `model` and rebuilds its steps.
 
+    Keys name a role ("one metric reduction"), so a hook left behind by a
+    `fit` that raised (Keras then skips `on_train_end`) is replaced, not
+    stacked, by the next one.
+
     Args:
         model: A Keras model.
-        key: Any hashable identifying the hook (typically the callback).
+        key: Any hashable naming the hook's role.
         train: `step -> step` wrapper for `train_step`, or None.
         test: `step -> step` wrapper for `test_step`, or None.
         priority: Lower is applied first (innermost).
+        owner: Who installed it; `uninstall` with another owner is a no-op.
     """
     reg = _registries.get(model)
     if reg is None:
@@ -65,14 +72,14 @@ def install(
             hooks={},
         )
         _registries[model] = reg
-    reg.hooks[key] = _Hook(priority, train, test)
+    reg.hooks[key] = _Hook(priority, train, test, owner)
     _rebuild(model, reg)
 
 
-def uninstall(model, key) -> None:
-    """Removes the hook `key` (if present) and rebuilds the model's steps."""
+def uninstall(model, key, owner: object = None) -> None:
+    """Removes the hook `key` if `owner` installed it; rebuilds the model's steps."""
     reg = _registries.get(model)
-    if reg is None or key not in reg.hooks:
+    if reg is None or key not in reg.hooks or reg.hooks[key].owner is not owner:
         return
     del reg.hooks[key]
     _rebuild(model, reg)
@@ -80,9 +87,12 @@ def uninstall(model, key) -> None:
         del _registries[model]
 
 
-def installed(model, key) -> bool:
+def installed(model, key, owner: object = None) -> bool:
+    """Whether hook `key` is on `model` (installed by `owner`, when given)."""
     reg = _registries.get(model)
-    return reg is not None and key in reg.hooks
+    if reg is None or key not in reg.hooks:
+        return False
+    return owner is None or reg.hooks[key].owner is owner
 
 
 def _restore(model, name: str, own: Callable | None) -> None:
