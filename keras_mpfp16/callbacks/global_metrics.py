@@ -127,8 +127,8 @@ class GlobalMetrics(keras.callbacks.Callback):
         step_hooks.install(
             model,
             _KEY,
-            train=self._wrap_train,
-            test=self._wrap_test,
+            train=self._wrap,
+            test=self._wrap,
             priority=_PRIORITY,
             owner=self,
         )
@@ -206,12 +206,6 @@ class GlobalMetrics(keras.callbacks.Callback):
                 self._in_step = False
 
         return wrapped
-
-    def _wrap_train(self, step):
-        return self._wrap(step)
-
-    def _wrap_test(self, step):
-        return self._wrap(step)
 
     # -- end of an evaluation: ranks with fewer batches catch up ------------------
 
