@@ -19,7 +19,8 @@ from keras_mpfp16.runtime import threads as _threads
 
 _threads.apply_thread_defaults()
 
-from keras_mpfp16 import optimizer, runtime  # noqa: E402
+from keras_mpfp16 import callbacks, data, layers, optimizer, runtime  # noqa: E402
+from keras_mpfp16.data import shard  # noqa: E402
 from keras_mpfp16.optimizer import DistributedOptimizer, broadcast_variables  # noqa: E402
 from keras_mpfp16.runtime import (  # noqa: E402
     allgather,
@@ -39,6 +40,10 @@ __version__ = "0.1.0.dev0"
 
 __all__ = [
     "DistributedOptimizer",
+    "callbacks",
+    "data",
+    "layers",
+    "shard",
     "allgather",
     "allreduce",
     "barrier",

@@ -124,3 +124,28 @@ def test_stall_warning_names_the_missing_rank():
     assert "stall warning: ranks [0] have waited" in result.stderr, result.describe()
     assert "ranks [1] have not arrived" in result.stderr
     assert "'barrier'" in result.stderr
+
+
+def test_crash_during_checkpoint_write_keeps_the_previous_one_and_resume_works(
+    tmp_path,
+):
+    ckpt = tmp_path / "ckpt"
+    faulty_run("--fault", "ckpt-crash", "--ckpt", str(ckpt))
+    files = sorted(p.name for p in ckpt.iterdir())
+    # The complete epoch-2 checkpoint survived; the half-written one is only a
+    # stray hidden temporary file.
+    assert "last.keras" in files and any(f.startswith(".last.tmp-") for f in files), (
+        files
+    )
+    resumed = run_mpi(
+        2, "faults.py", "--fault", "ckpt-resume", "--ckpt", str(ckpt), timeout=180
+    )
+    assert resumed.returncode == 0, resumed.describe()
+    full = run_mpi(2, "faults.py", "--fault", "ckpt-full", timeout=180)
+    assert full.returncode == 0, full.describe()
+    r, f = resumed.records(), full.records()
+    assert [x["resumed_from_epoch"] for x in r] == [2, 2]
+    # Resuming from the surviving checkpoint reproduces the uninterrupted run.
+    assert {x["digest"] for x in r} == {x["digest"] for x in f} and len(
+        {x["digest"] for x in f}
+    ) == 1

@@ -10,6 +10,10 @@
   nan          rank 1's inputs are NaN from batch 2 on (--policy float32/mixed_float16)
   diverge      rank 1 perturbs its weights after batch 4; replica check every 2 steps
   stall        rank 1 sleeps 5 s before a barrier (the test sets a 2 s stall timeout)
+  ckpt-crash   4 epochs with AtomicModelCheckpoint(--ckpt); rank 0 is SIGKILLed
+               half-way through writing the 3rd checkpoint
+  ckpt-resume  load --ckpt's checkpoint on every rank and finish the 4 epochs
+  ckpt-full    the same 4 epochs uninterrupted (reference for ckpt-resume)
 
 Prints "DONE rank R" on a rank that finishes (the faults should prevent it).
 """
@@ -33,6 +37,7 @@ p.add_argument("--fault", required=True)
 p.add_argument("--policy", default="float32")
 p.add_argument("--stamp", default=None)
 p.add_argument("--epochs-known", action="store_true")
+p.add_argument("--ckpt", default=None)
 args = p.parse_args()
 rank, size = kmp.rank(), kmp.size()
 keras.config.set_dtype_policy(args.policy)
@@ -46,6 +51,60 @@ def stamp():
         with open(args.stamp, "w") as f:
             f.write(repr(time.time()))
 
+
+if fault.startswith("ckpt"):
+    import hashlib
+    import json
+
+    rng = np.random.default_rng(rank)
+    x = rng.normal(size=(12 * b, 6, 3)).astype("float32")
+    y = rng.normal(size=(12 * b, 1)).astype("float32")
+    path = os.path.join(args.ckpt, "last.keras") if args.ckpt else None
+
+    class CrashingCheckpoint(kmp.callbacks.AtomicModelCheckpoint):
+        writes = 0
+
+        def write(self, p):
+            CrashingCheckpoint.writes += 1
+            if fault == "ckpt-crash" and CrashingCheckpoint.writes == 3:
+                with open(p, "wb") as f:  # half a file, then the process dies
+                    f.write(b"PK\x03\x04 truncated")
+                    f.flush()
+                os.kill(os.getpid(), signal.SIGKILL)
+            super().write(p)
+
+    if fault == "ckpt-resume":
+        model = keras.models.load_model(path)
+        start = int(model.optimizer.iterations.numpy()) // 12
+    else:
+        keras.utils.set_random_seed(5)
+        model = keras.Sequential(
+            [keras.Input((6, 3)), keras.layers.LSTM(8), keras.layers.Dense(1)]
+        )
+        model.compile(optimizer=kmp.DistributedOptimizer("adam"), loss="mse")
+        start = 0
+    callbacks = [CrashingCheckpoint(path)] if path else []
+    model.fit(
+        x,
+        y,
+        batch_size=b,
+        epochs=4,
+        initial_epoch=start,
+        shuffle=False,
+        verbose=0,
+        callbacks=callbacks,
+    )
+    h = hashlib.sha256(
+        b"".join(np.ascontiguousarray(w).tobytes() for w in model.get_weights())
+    )
+    print(
+        json.dumps(
+            {"rank": rank, "resumed_from_epoch": start, "digest": h.hexdigest()}
+        ),
+        flush=True,
+    )
+    print(f"DONE rank {rank}", flush=True)
+    sys.exit(0)
 
 if fault == "stall":
     if rank == FAULTY:
