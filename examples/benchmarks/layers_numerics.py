@@ -102,6 +102,12 @@ def reference_weights(kind, units, features, gate_bias, seed):
     return {"units": units, "values": [kernel, recurrent_kernel, bias]}
 
 
+def round_to(array, dtype):
+    """`array` rounded to `dtype` and back to float32."""
+    rounded = keras.ops.cast(keras.ops.cast(array.astype("float32"), dtype), "float32")
+    return np.asarray(rounded)
+
+
 def relative_error(y, reference, tail):
     y, reference = y[:, -tail:], reference[:, -tail:]
     return float(np.linalg.norm(y - reference) / np.linalg.norm(reference))
@@ -145,25 +151,33 @@ def measure(args):
                     for r in args.recurrent_precisions
                 ]
                 for policy in POLICIES:
-                    # The input rounded to the policy's dtype, then float32
-                    # arithmetic: the dynamics' sensitivity to that rounding
-                    # alone (Keras rounds a layer's input before its call).
+                    # Two floors, both float32 arithmetic: with only the
+                    # outputs rounded to the policy's dtype (what any layer
+                    # with compute-dtype outputs shows), and with the input
+                    # rounded as well (what the dynamics make of a layer
+                    # input already in the compute dtype, as in a stack).
                     half = policy.split("_")[1]
-                    x_rounded = np.asarray(
-                        keras.ops.cast(keras.ops.cast(x, half), "float32")
-                    )
-                    y = run(
-                        build(KERAS_CLASSES[kind], "float32", weights, shape), x_rounded
-                    )
-                    rows.append(
-                        {
-                            **base,
-                            "policy": policy,
-                            "impl": "f32-on-rounded-input",
-                            "err_vs_f32": relative_error(y, ref32, args.tail),
-                            "err_vs_f64": relative_error(y, ref64, args.tail),
-                        }
-                    )
+                    floors = [
+                        ("floor:output-rounded", ref32),
+                        (
+                            "floor:input+output-rounded",
+                            run(
+                                build(KERAS_CLASSES[kind], "float32", weights, shape),
+                                round_to(x, half),
+                            ),
+                        ),
+                    ]
+                    for name, y in floors:
+                        y = round_to(y, half).astype("float64")
+                        rows.append(
+                            {
+                                **base,
+                                "policy": policy,
+                                "impl": name,
+                                "err_vs_f32": relative_error(y, ref32, args.tail),
+                                "err_vs_f64": relative_error(y, ref64, args.tail),
+                            }
+                        )
                     for name, cls, kwargs in variants:
                         y = run(build(cls, policy, weights, shape, **kwargs), x)
                         rows.append(
@@ -175,18 +189,18 @@ def measure(args):
                                 "err_vs_f64": relative_error(y, ref64, args.tail),
                             }
                         )
-                    print_rows(rows[-len(variants) - 1 :])
+                    print_rows(rows[-len(variants) - len(floors) :])
     return rows
 
 
 def print_rows(rows, header=False):
     if header:
         print(
-            f"{'layer':5} {'T':>5} {'bias':>4} {'policy':15} {'impl':24} {'err_vs_f32':>10} {'err_vs_f64':>10}"
+            f"{'layer':5} {'T':>5} {'bias':>4} {'policy':15} {'impl':26} {'err_vs_f32':>10} {'err_vs_f64':>10}"
         )
     for r in rows:
         print(
-            f"{r['layer']:5} {r['T']:5d} {r['gate_bias']:4g} {r['policy']:15} {r['impl']:24} "
+            f"{r['layer']:5} {r['T']:5d} {r['gate_bias']:4g} {r['policy']:15} {r['impl']:26} "
             f"{r['err_vs_f32']:10.4%} {r['err_vs_f64']:10.4%}",
             flush=True,
         )
@@ -229,7 +243,7 @@ def main(argv=None):
         ratio = "n/a" if c["ratio_vs_keras"] is None else f"{c['ratio_vs_keras']:.3f}"
         flag = "ok" if c["meets_target"] else "MISSED"
         print(
-            f"{c['layer']:5} T={c['T']:5d} bias={c['gate_bias']:g} {c['policy']:15} {c['impl']:24} "
+            f"{c['layer']:5} T={c['T']:5d} bias={c['gate_bias']:g} {c['policy']:15} {c['impl']:26} "
             f"ratio={ratio:>6} keras={c['keras_err_vs_f32']:.4%} {flag}"
         )
     result = {

@@ -29,8 +29,10 @@ class GRU(Float32CarryRNN, keras.layers.GRU):
     `mixed_float16` or `mixed_bfloat16` the carry `h` stays float32 from step
     to step, the gates are computed in float32 with the float32 biases, and
     the recurrent product `h @ recurrent_kernel` uses `recurrent_precision`.
-    The input projection `x @ kernel` runs once for the whole sequence in the
-    compute dtype. Outputs are in the compute dtype, as in Keras. With
+    The input projection `x @ kernel` runs once for the whole sequence, in
+    `input_precision`. Both default to float32: measured, that is what removes
+    the drift (see `keras_mpfp16.layers.precision`). Outputs are in the
+    compute dtype, as in Keras. With
     `stateful=True` the carry is kept in float32 variables between batches,
     and `reset_state(lanes=...)` zeroes chosen batch rows only.
 
@@ -71,9 +73,13 @@ class GRU(Float32CarryRNN, keras.layers.GRU):
             means the float32-carry loop; `True` forces Keras's cuDNN path,
             whose carry is in the compute dtype.
         recurrent_precision: Precision of `h @ recurrent_kernel` under a
-            16-bit compute dtype: `"float32"` (default), `"split"` or
-            `"compute"` (see `keras_mpfp16.layers.precision`). Ignored under
-            float32.
+            16-bit compute dtype: `"float32"` (default), `"split"` (two
+            half-precision products on the high and low parts of `h`) or
+            `"compute"` (`h` rounded to the compute dtype for the product).
+            Ignored under float32.
+        input_precision: Precision of the input projection `x @ kernel`
+            under a 16-bit compute dtype: `"float32"` (default) or
+            `"compute"`. Ignored under float32.
 
     Call arguments:
         sequences: A 3D tensor `(batch, timesteps, features)`.
@@ -169,8 +175,9 @@ class GRU(Float32CarryRNN, keras.layers.GRU):
                 bias = ops.concatenate(
                     [bias[0, : 2 * units] + bias[1, : 2 * units], bias[0, 2 * units :]]
                 )
+        time_major = self._time_major(sequences)
         projected, step_bias = self._project_inputs(
-            sequences, read_uncast(cell.kernel), bias, training, gate_count=3
+            sequences, read_uncast(cell.kernel), bias, training, 3, time_major
         )
         h_masks = self._recurrent_dropout_masks(initial_state, training, gate_count=3)
         gate_products = [
@@ -217,4 +224,4 @@ class GRU(Float32CarryRNN, keras.layers.GRU):
             # the compute dtype (half the memory); the carry stays float32.
             return ops.cast(h, output_dtype), [h]
 
-        return self._run_time_loop(step, projected, initial_state, mask)
+        return self._run_time_loop(step, projected, initial_state, mask, time_major)

@@ -15,6 +15,8 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_mpfp16.layers._keras_internals import read_uncast
+
 
 def lane_reset_mask(lanes, batch_size: int) -> np.ndarray:
     """Normalises `lanes` to a boolean vector of shape `(batch_size,)`.
@@ -60,12 +62,11 @@ def reset_state_lanes(state_variables: Sequence, lanes) -> None:
         reset = lane_reset_mask(lanes, variable.shape[0])
         if not reset.any():
             continue
-        keep = reset.reshape((-1,) + (1,) * (len(variable.shape) - 1))
+        keep = ~reset.reshape((-1,) + (1,) * (len(variable.shape) - 1))
+        value = read_uncast(variable)
         # `where`, not a multiply: a lane whose state went non-finite must
         # come back as exact zeros.
-        variable.assign(
-            ops.where(ops.convert_to_tensor(~keep), variable, ops.zeros_like(variable))
-        )
+        variable.assign(ops.where(keep, value, ops.zeros_like(value)))
 
 
 def _recurrent_layers(layer) -> Iterator[keras.layers.RNN]:

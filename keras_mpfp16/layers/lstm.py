@@ -29,8 +29,10 @@ class LSTM(Float32CarryRNN, keras.layers.LSTM):
     over long sequences: the carry `c` and `h` stay float32 from step to step,
     the gates are computed in float32 with the float32 bias, and the recurrent
     product `h @ recurrent_kernel` uses `recurrent_precision`. The input
-    projection `x @ kernel` runs once for the whole sequence in the compute
-    dtype. Outputs are in the compute dtype, as in Keras. With
+    projection `x @ kernel` runs once for the whole sequence, in
+    `input_precision`. Both default to float32: measured, that is what removes
+    the drift (see `keras_mpfp16.layers.precision`). Outputs are in the
+    compute dtype, as in Keras. With
     `stateful=True` the carry is kept in float32 variables between batches,
     and `reset_state(lanes=...)` zeroes chosen batch rows only.
 
@@ -75,6 +77,9 @@ class LSTM(Float32CarryRNN, keras.layers.LSTM):
             half-precision products on the high and low parts of `h`) or
             `"compute"` (`h` rounded to the compute dtype for the product).
             Ignored under float32.
+        input_precision: Precision of the input projection `x @ kernel`
+            under a 16-bit compute dtype: `"float32"` (default) or
+            `"compute"`. Ignored under float32.
 
     Call arguments:
         sequences: A 3D tensor `(batch, timesteps, features)`.
@@ -157,8 +162,9 @@ class LSTM(Float32CarryRNN, keras.layers.LSTM):
             self.compute_dtype,
         )
         bias = ops.cast(read_uncast(cell.bias), CARRY_DTYPE) if cell.use_bias else None
+        time_major = self._time_major(sequences)
         projected, step_bias = self._project_inputs(
-            sequences, read_uncast(cell.kernel), bias, training, gate_count=4
+            sequences, read_uncast(cell.kernel), bias, training, 4, time_major
         )
         h_masks = self._recurrent_dropout_masks(initial_state, training, gate_count=4)
         if h_masks is not None:
@@ -190,4 +196,4 @@ class LSTM(Float32CarryRNN, keras.layers.LSTM):
             # the compute dtype (half the memory); the carry stays float32.
             return ops.cast(h, output_dtype), [h, c]
 
-        return self._run_time_loop(step, projected, initial_state, mask)
+        return self._run_time_loop(step, projected, initial_state, mask, time_major)

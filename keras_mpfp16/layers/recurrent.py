@@ -5,9 +5,9 @@ dtype at every step: `RNN.call` casts the initial state, each `cell(...)` call
 casts its state arguments, and every weight reads as float16. Over thousands of
 steps with a long-memory gate the rounding accumulates into large drift. The
 mixin here replaces `RNN.call` and `RNN.inner_loop` when the compute dtype is
-16-bit: the input projection `x @ W` runs once for the whole sequence in the
-compute dtype, and the time loop keeps the carry, the gate arithmetic and
-(by default) the recurrent product in float32. Under any other compute dtype
+16-bit: the input projection `x @ W` runs once for the whole sequence (in
+float32 by default, see `precision.py`), and the time loop keeps the carry,
+the gate arithmetic and (by default) the recurrent product in float32. Under any other compute dtype
 it defers to Keras untouched, so float32 behaviour is exactly Keras's.
 """
 
@@ -151,7 +151,21 @@ class Float32CarryRNN:
 
     # -- helpers for the subclasses' loops ---------------------------------
 
-    def _project_inputs(self, sequences, kernel, bias, training, gate_count: int):
+    @staticmethod
+    def _time_major(sequences) -> bool:
+        """Whether to run the loop time-major.
+
+        Time-major transposes the input while it is narrow (`features` wide)
+        instead of the 3-4x wider projection and, in the backward pass, its
+        gradient. The backends' loops need a static number of steps for it
+        (with `time_major=True` and no `input_length`, TensorFlow's takes the
+        length from axis 1, the batch), so unknown lengths run batch-major.
+        """
+        return sequences.shape[1] is not None
+
+    def _project_inputs(
+        self, sequences, kernel, bias, training, gate_count: int, time_major: bool
+    ):
         """`x @ W (+ b)` for every time step at once, in `input_precision`.
 
         Args:
@@ -160,6 +174,7 @@ class Float32CarryRNN:
             bias: Float32 bias to add to the projection, or None.
             training: Whether to apply the cell's input dropout.
             gate_count: Gates stacked in the kernel (4 for LSTM, 3 for GRU).
+            time_major: Return the projection as `(time, batch, ...)`.
 
         Returns:
             `(projected, step_bias)`. With `input_precision="float32"`,
@@ -175,11 +190,14 @@ class Float32CarryRNN:
         cell = self.cell
         dtype = CARRY_DTYPE if self.input_precision == "float32" else self.compute_dtype
         sequences = ops.cast(sequences, CARRY_DTYPE)
+        if time_major:
+            sequences = ops.transpose(sequences, (1, 0, 2))
+        time_axis = 0 if time_major else 1
         kernel = ops.cast(kernel, dtype)
         if not (training and 0.0 < cell.dropout < 1.0):
             projected = ops.matmul(ops.cast(sequences, dtype), kernel)
         else:
-            masks = cell.get_dropout_mask(sequences[:, 0, :])
+            masks = cell.get_dropout_mask(ops.take(sequences, 0, axis=time_axis))
             if isinstance(masks, (list, tuple)):
                 gate_kernels = ops.split(kernel, gate_count, axis=1)
             else:
@@ -187,7 +205,9 @@ class Float32CarryRNN:
             products = [
                 ops.matmul(
                     ops.cast(
-                        sequences * ops.expand_dims(ops.cast(m, CARRY_DTYPE), 1), dtype
+                        sequences
+                        * ops.expand_dims(ops.cast(m, CARRY_DTYPE), time_axis),
+                        dtype,
                     ),
                     k,
                 )
@@ -210,8 +230,13 @@ class Float32CarryRNN:
             masks = [masks] * gate_count
         return [ops.cast(m, CARRY_DTYPE) for m in masks]
 
-    def _run_time_loop(self, step, projected, initial_state, mask):
-        """Runs `step` over time with the backend's fused loop, as Keras does."""
+    def _run_time_loop(self, step, projected, initial_state, mask, time_major: bool):
+        """Runs `step` over `projected` with the backend's loop.
+
+        The same fused loop as Keras's RNN (no Python per time step). Returns
+        `(last_output, outputs, states)` with batch-major `outputs`, as
+        `RNN.inner_loop` does.
+        """
         if keras_config.backend() == "torch" and self.stateful:
             # As in Keras's RNN: fresh copies keep in-place state updates
             # from breaking PyTorch's autograd.
@@ -220,17 +245,23 @@ class Float32CarryRNN:
             def step(inputs, states):
                 return inner_step(inputs, [ops.copy(s) for s in states])
 
-        return rnn_loop(
+        if time_major and mask is not None:
+            mask = ops.transpose(mask, (1, 0))
+        last_output, outputs, states = rnn_loop(
             step,
             projected,
             initial_state,
             go_backwards=self.go_backwards,
             mask=mask,
             unroll=self.unroll,
-            input_length=projected.shape[1],
+            input_length=projected.shape[0 if time_major else 1],
+            time_major=time_major,
             zero_output_for_mask=self.zero_output_for_mask,
             return_all_outputs=self.return_sequences,
         )
+        if time_major:
+            outputs = ops.transpose(outputs, (1, 0, 2))
+        return last_output, outputs, states
 
     # -- per-lane state reset ----------------------------------------------
 
