@@ -53,6 +53,12 @@ def parse_args(argv=None):
     parser.add_argument("--learning-rate", type=float, default=3e-3)
     parser.add_argument("--downsample", type=int, default=4)
     parser.add_argument(
+        "--downsample-method",
+        choices=["mean", "stride"],
+        default="mean",
+        help="average each block of DOWNSAMPLE samples, or keep every DOWNSAMPLE-th",
+    )
+    parser.add_argument(
         "--quick", action="store_true", help="2 epochs, 1 seed, every 4th trial"
     )
     parser.add_argument(
@@ -68,7 +74,7 @@ def parse_args(argv=None):
     return args
 
 
-def load(path, downsample, quick):
+def load(path, downsample, quick, method="mean"):
     data = np.load(path)
     x_train, y_train = (
         data["X_train"].astype("float32"),
@@ -80,6 +86,8 @@ def load(path, downsample, quick):
 
     def prepare(x):
         x = (x - mean) / std
+        if method == "stride":
+            return x[:, ::downsample]
         steps = x.shape[1] // downsample
         x = x[:, : steps * downsample].reshape(
             x.shape[0], steps, downsample, x.shape[2]
@@ -116,8 +124,15 @@ def train_once(policy, impl, seed, data, args):
         metrics=["accuracy"],
     )
     started = time.time()
+    # Test accuracy after every epoch is recorded (it does not affect
+    # training); the reported figure is the one after the last epoch.
     history = model.fit(
-        x_train, y_train, batch_size=args.batch_size, epochs=args.epochs, verbose=0
+        x_train,
+        y_train,
+        batch_size=args.batch_size,
+        epochs=args.epochs,
+        validation_data=(x_test, y_test),
+        verbose=0,
     )
     seconds = time.time() - started
     test_loss, test_accuracy = model.evaluate(x_test, y_test, verbose=0)
@@ -131,24 +146,38 @@ def train_once(policy, impl, seed, data, args):
         "test_loss": float(test_loss),
         "final_train_loss": float(history.history["loss"][-1]),
         "final_train_accuracy": float(history.history["accuracy"][-1]),
+        "test_accuracy_per_epoch": [float(a) for a in history.history["val_accuracy"]],
+        "test_accuracy_last5_mean": float(
+            np.mean(history.history["val_accuracy"][-5:])
+        ),
         "train_seconds": round(seconds, 1),
     }
 
 
+METRICS = {
+    "test_accuracy": "test accuracy after the last epoch",
+    "test_accuracy_last5_mean": "test accuracy averaged over the last 5 epochs",
+}
+
+
 def summarise(runs, seeds):
+    """Per metric and run name: mean, std, range, and the paired difference
+    to float32 by seed."""
+    return {metric: _summarise_metric(runs, seeds, metric) for metric in METRICS}
+
+
+def _summarise_metric(runs, seeds, metric):
     by_run = {}
     for r in runs:
-        by_run.setdefault(f"{r['policy']}:{r['impl']}", {})[r["seed"]] = r[
-            "test_accuracy"
-        ]
+        by_run.setdefault(f"{r['policy']}:{r['impl']}", {})[r["seed"]] = r[metric]
     baseline = by_run.get("float32:ours") or by_run.get("float32:keras") or {}
     summary = {}
-    for name, accuracies in by_run.items():
-        values = [accuracies[s] for s in seeds if s in accuracies]
+    for name, values_by_seed in by_run.items():
+        values = [values_by_seed[s] for s in seeds if s in values_by_seed]
         paired = [
-            accuracies[s] - baseline[s]
+            values_by_seed[s] - baseline[s]
             for s in seeds
-            if s in accuracies and s in baseline
+            if s in values_by_seed and s in baseline
         ]
         summary[name] = {
             "n": len(values),
@@ -157,11 +186,27 @@ def summarise(runs, seeds):
             "min": min(values),
             "max": max(values),
             "paired_diff_vs_float32_mean": statistics.fmean(paired) if paired else None,
-            "paired_diff_vs_float32_std": statistics.stdev(paired)
-            if len(paired) > 1
-            else None,
+            "paired_diff_vs_float32_std": (
+                statistics.stdev(paired) if len(paired) > 1 else None
+            ),
         }
     return summary
+
+
+def print_summary(summary):
+    for metric, title in METRICS.items():
+        print(f"\n{title}, mean +- std over seeds; paired difference vs float32:")
+        for name, s in summary[metric].items():
+            line = (
+                f"{name:22} n={s['n']} {s['mean']:.4f} +- {s['std']:.4f} "
+                f"[{s['min']:.4f}, {s['max']:.4f}]"
+            )
+            if s["paired_diff_vs_float32_mean"] is not None:
+                line += (
+                    f"  paired diff {s['paired_diff_vs_float32_mean']:+.4f}"
+                    f" +- {s['paired_diff_vs_float32_std'] or 0.0:.4f}"
+                )
+            print(line)
 
 
 def main(argv=None):
@@ -169,7 +214,7 @@ def main(argv=None):
     if not os.path.exists(args.data):
         print(f"layers_eeg: skipped, data file not found: {args.data}")
         return None
-    data = load(args.data, args.downsample, args.quick)
+    data = load(args.data, args.downsample, args.quick, args.downsample_method)
     print(
         f"train {data[0].shape}, test {data[2].shape}, epochs {args.epochs}, seeds {args.seeds}",
         flush=True,
@@ -198,17 +243,7 @@ def main(argv=None):
             if args.out:
                 with open(args.out, "w") as f:
                     json.dump(result, f, indent=1)
-    print("\ntest accuracy, mean +- std over seeds; paired difference vs float32:")
-    for name, s in result["summary"].items():
-        diff = s["paired_diff_vs_float32_mean"]
-        diff_text = (
-            ""
-            if diff is None
-            else f"  paired diff {diff:+.4f} +- {s['paired_diff_vs_float32_std'] or 0:.4f}"
-        )
-        print(
-            f"{name:22} n={s['n']} {s['mean']:.4f} +- {s['std']:.4f} [{s['min']:.4f}, {s['max']:.4f}]{diff_text}"
-        )
+    print_summary(result["summary"])
     return result
 
 
