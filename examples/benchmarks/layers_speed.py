@@ -1,9 +1,9 @@
 """Train-step time of keras_mpfp16's LSTM/GRU relative to Keras's, per policy.
 
 One model per layer kind and implementation, `Input -> RNN(return_sequences)
--> Dense(1, float32)`, same weights, compiled the same way (Adam, MSE, no XLA),
-trained with `train_on_batch` (forward + backward + update). Configurations
-are timed interleaved (Keras, ours, Keras, ours, ...) because this machine's
+-> Dense(1, float32)`, same weights, compiled the same way (Adam, MSE,
+`jit_compile="auto"` unless told otherwise), trained with `train_on_batch`
+(forward + backward + update). Configurations are timed interleaved (Keras, ours, Keras, ours, ...) because this machine's
 step times switch between speed modes in streaks; the reported figure is the
 median over rounds of the per-round ratio ours/Keras. Raw times are printed.
 
@@ -66,6 +66,13 @@ def parse_args(argv=None):
     )
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument(
+        "--jit-compile",
+        choices=["auto", "true", "false"],
+        default="auto",
+        help="passed to compile() for both models; Keras's 'auto' is no XLA "
+        "on a CPU-only TensorFlow and XLA on JAX",
+    )
+    parser.add_argument(
         "--quick", action="store_true", help="tiny sizes for a smoke run"
     )
     parser.add_argument("--out", help="write the results as JSON to this file")
@@ -84,7 +91,10 @@ def make_model(layer, args):
             keras.layers.Dense(1, dtype="float32"),
         ]
     )
-    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="mse", jit_compile=False)
+    jit_compile = {"auto": "auto", "true": True, "false": False}[args.jit_compile]
+    model.compile(
+        optimizer=keras.optimizers.Adam(1e-3), loss="mse", jit_compile=jit_compile
+    )
     return model
 
 
