@@ -134,3 +134,38 @@ def test_failure_message_names_rank_and_prefixes_every_line():
     assert "unhandled ValueError on rank 3 of 8" in text
     assert all(line.startswith("[rank 3] ") for line in text.splitlines())
     assert "boom" in text
+
+
+class _FakeComm:
+    def __init__(self, rank=0, size=2):
+        self._rank, self._size = rank, size
+
+    def Get_rank(self):
+        return self._rank
+
+    def Get_size(self):
+        return self._size
+
+
+def test_stall_conflicts_must_persist_before_the_job_is_ended(monkeypatch):
+    """A stale "wait" (its "left" still in flight) must not end a healthy job."""
+    from keras_mpfp16.runtime import stall
+
+    insp = stall.Inspector(_FakeComm(), timeout=60, abort_after=0)
+    failures = []
+    monkeypatch.setattr(insp, "_fail", failures.append)
+    clock = [100.0]
+    monkeypatch.setattr(stall.time, "monotonic", lambda: clock[0])
+    now = stall.time.time()
+    insp.table = {0: ("wait", 8, "gradient allreduce", now), 1: ("wait", 7, "gradient allreduce", now)}
+    insp._check()
+    assert failures == []  # first sighting: within the grace period
+    insp.table[1] = ("wait", 8, "gradient allreduce", now)  # rank 1's "left"/"wait" arrived
+    clock[0] += 10
+    insp._check()
+    assert failures == [] and insp._conflict is None
+    insp.table[1] = ("wait", 7, "gradient allreduce", now)  # a real, lasting divergence
+    insp._check()
+    clock[0] += stall._CONFLICT_GRACE + 0.1
+    insp._check()
+    assert len(failures) == 1 and "different collectives" in failures[0]

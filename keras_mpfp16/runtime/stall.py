@@ -32,6 +32,11 @@ ABORT_ENV = "KERAS_MPFP16_STALL_ABORT"
 DEFAULT_TIMEOUT = 60.0
 _TAG = 7
 _REPORT_AFTER = 1.0  # seconds of waiting before a rank tells rank 0
+# A conflict (ranks in different collectives, or finished while others wait)
+# must persist this long before the job is ended: reports travel
+# asynchronously, so rank 0 may briefly hold a stale "wait" from a rank whose
+# "left" message is still in flight.
+_CONFLICT_GRACE = 3.0
 _POLL = 0.2
 
 
@@ -74,9 +79,11 @@ class Inspector:
         # rank 0's view: rank -> ("wait", seq, name, waited_since) | ("finished", seq, name)
         self.table: dict[int, tuple] = {}
         self._last_warning = 0.0
-        self._lock = (
-            threading.Lock()
-        )  # guards `table` (main thread and watcher on rank 0)
+        # `table` is written by the main thread and the watcher on rank 0.
+        self._lock = threading.Lock()
+        # `local`, and the order in which its reports are sent.
+        self._state_lock = threading.Lock()
+        self._conflict: tuple | None = None  # (signature, first seen) of a conflict
         self._thread = threading.Thread(
             target=self._run, name="keras_mpfp16-stall", daemon=True
         )
@@ -86,15 +93,19 @@ class Inspector:
     @contextmanager
     def collective(self, name: str):
         local = self.local
-        local.seq += 1
-        local.name = name
-        local.since = time.monotonic()
+        with self._state_lock:
+            local.seq += 1
+            local.name = name
+            local.since = time.monotonic()
         try:
             yield
         finally:
-            local.since = None
-            if local.reported_seq == local.seq:
-                self._send(("left", local.seq))
+            # Under the lock, so a "left" can never be sent before the
+            # watcher's "wait" for the same collective.
+            with self._state_lock:
+                local.since = None
+                if local.reported_seq == local.seq:
+                    self._send(("left", local.seq))
 
     def finish(self) -> None:
         """Called at exit: tell rank 0, and on rank 0 wait for everyone."""
@@ -151,21 +162,16 @@ class Inspector:
     def _run(self) -> None:
         while not self._stop.is_set():
             local = self.local
-            since = local.since
-            if (
-                since is not None
-                and time.monotonic() - since > _REPORT_AFTER
-                and local.reported_seq != local.seq
-            ):
-                local.reported_seq = local.seq
-                self._send(
-                    (
-                        "wait",
-                        local.seq,
-                        local.name,
-                        time.time() - (time.monotonic() - since),
-                    )
-                )
+            with self._state_lock:
+                since = local.since
+                if (
+                    since is not None
+                    and time.monotonic() - since > _REPORT_AFTER
+                    and local.reported_seq != local.seq
+                ):
+                    local.reported_seq = local.seq
+                    started = time.time() - (time.monotonic() - since)
+                    self._send(("wait", local.seq, local.name, started))
             if self.rank == 0:
                 self._drain()
                 self._check()
@@ -197,19 +203,28 @@ class Inspector:
         if not waiting:
             return
         everyone = "\n  ".join(self._describe(r, snapshot) for r in range(self.size))
+        calls = {(e[1], e[2]) for e in waiting.values()}
+        conflict = None
         if finished:
-            self._fail(
+            conflict = (
                 "ranks cannot meet: some ranks finished while others wait in a "
                 "collective. Usually one rank had more batches (steps) than "
                 "another; shard data with keras_mpfp16.shard so every rank runs "
                 f"the same number of steps.\n  {everyone}"
             )
-        calls = {(e[1], e[2]) for e in waiting.values()}
-        if len(calls) > 1:
-            self._fail(
+        elif len(calls) > 1:
+            conflict = (
                 "ranks wait in different collectives, which can never match "
                 f"(their sequences of steps diverged).\n  {everyone}"
             )
+        if conflict is None:
+            self._conflict = None
+        else:
+            signature = tuple(sorted((r, e[0], e[1]) for r, e in snapshot.items()))
+            if self._conflict is None or self._conflict[0] != signature:
+                self._conflict = (signature, time.monotonic())
+            elif time.monotonic() - self._conflict[1] >= _CONFLICT_GRACE:
+                self._fail(conflict)
         oldest = min(e[3] for e in waiting.values())
         stalled = time.time() - oldest
         if (
