@@ -1,0 +1,137 @@
+"""IMDB sentiment with a bidirectional LSTM: a plain Keras script, made data-parallel.
+
+The IMDB benchmark of Svyatkovskiy et al. (2017), as in keras.io's
+"Bidirectional LSTM on IMDB": an embedding, two bidirectional LSTMs and a
+sigmoid output. The lines marked `# kmp` are the whole change from the
+single-process script (the README's three lines); everything else is plain
+Keras. Run it with or without MPI:
+
+    python examples/imdb_lstm.py                          # one process
+    mpirun -np 4 python examples/imdb_lstm.py             # four ranks
+    python examples/imdb_lstm.py --policy mixed_float16   # mixed precision
+    python examples/imdb_lstm.py --data imdb.npz          # a local copy
+
+Data: `keras.datasets.imdb` (downloaded on first use), or with `--data` a
+local `.npz` in the layout of Keras's `imdb.npz`: `x_train`, `y_train`,
+`x_test`, `y_test`, the x arrays object arrays of word-index lists (1 = the
+most frequent word). It is read exactly as `keras.datasets.imdb.load_data`
+reads its own file. Prints the validation accuracy after the last epoch.
+"""
+
+import argparse
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+from keras import layers  # noqa: E402
+
+import keras_mpfp16 as kmp  # noqa: E402  # kmp
+
+LSTM_LAYERS = {"keras": layers.LSTM, "kmp": kmp.layers.LSTM}
+
+
+def load_imdb_npz(path, num_words, seed=113, start_char=1, oov_char=2, index_from=3):
+    """`keras.datasets.imdb.load_data(num_words=...)` applied to a local file.
+
+    Same shuffle, start character, index offset and out-of-vocabulary rule,
+    so a copy of Keras's `imdb.npz` gives exactly Keras's arrays. The x
+    arrays are object arrays, which numpy stores pickled: load only files
+    you trust.
+    """
+    with np.load(path, allow_pickle=True) as f:
+        x_train, y_train = f["x_train"], f["y_train"]
+        x_test, y_test = f["x_test"], f["y_test"]
+    rng = np.random.RandomState(seed)
+    indices = np.arange(len(x_train))
+    rng.shuffle(indices)
+    x_train, y_train = x_train[indices], y_train[indices]
+    indices = np.arange(len(x_test))
+    rng.shuffle(indices)
+    x_test, y_test = x_test[indices], y_test[indices]
+
+    def encode(reviews):
+        return [
+            [start_char]
+            + [w + index_from if w + index_from < num_words else oov_char for w in r]
+            for r in reviews
+        ]
+
+    return (encode(x_train), y_train), (encode(x_test), y_test)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--data", metavar="PATH", help="local imdb.npz (default: download)")
+    p.add_argument("--max-features", type=int, default=20000, help="vocabulary size")
+    p.add_argument("--maxlen", type=int, default=200, help="words kept per review")
+    p.add_argument("--embedding", type=int, default=128, help="embedding width")
+    p.add_argument("--units", type=int, default=64, help="LSTM units per direction")
+    p.add_argument(
+        "--lstm",
+        choices=sorted(LSTM_LAYERS),
+        default="keras",
+        help="keras.layers.LSTM or keras_mpfp16.layers.LSTM (float32 carry)",
+    )
+    p.add_argument("--batch-size", type=int, default=32, help="per rank")
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument(
+        "--policy",
+        default="float32",
+        choices=["float32", "mixed_float16", "mixed_bfloat16"],
+    )
+    p.add_argument("--seed", type=int, default=1337)
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    keras.config.set_dtype_policy(args.policy)
+    keras.utils.set_random_seed(args.seed)
+    if args.data:
+        (x_train, y_train), (x_val, y_val) = load_imdb_npz(args.data, args.max_features)
+    else:
+        (x_train, y_train), (x_val, y_val) = keras.datasets.imdb.load_data(
+            num_words=args.max_features
+        )
+    x_train = keras.utils.pad_sequences(x_train, maxlen=args.maxlen)
+    x_val = keras.utils.pad_sequences(x_val, maxlen=args.maxlen)
+    x_train, y_train = kmp.shard(x_train, y_train)  # kmp
+
+    lstm = LSTM_LAYERS[args.lstm]
+    inputs = keras.Input(shape=(None,), dtype="int32")
+    x = layers.Embedding(args.max_features, args.embedding)(inputs)
+    x = layers.Bidirectional(lstm(args.units, return_sequences=True))(x)
+    x = layers.Bidirectional(lstm(args.units))(x)
+    # A float32 output layer, as Keras's mixed-precision guide recommends.
+    outputs = layers.Dense(1, activation="sigmoid", dtype="float32")(x)
+    model = keras.Model(inputs, outputs)
+    model.summary()
+
+    model.compile(
+        optimizer=kmp.DistributedOptimizer("adam"),  # kmp
+        loss="binary_crossentropy",
+        metrics=["accuracy"],
+    )
+    history = model.fit(
+        x_train,
+        y_train,
+        batch_size=args.batch_size,
+        epochs=args.epochs,
+        validation_data=(x_val, y_val),
+    )
+    accuracy = history.history["val_accuracy"][-1]
+    if kmp.is_root():
+        print(
+            f"validation accuracy: {accuracy:.4f} ({len(x_val)} reviews, "
+            f"{kmp.size()} ranks, policy {args.policy})"
+        )
+    return accuracy
+
+
+if __name__ == "__main__":
+    main()
