@@ -1,0 +1,117 @@
+"""Plots of the convergence studies from their JSON results.
+
+    python examples/convergence/plots.py \
+        --scaling docs/benchmarks/convergence_scaling.json \
+        --precision docs/benchmarks/convergence_precision.json
+
+writes `convergence_scaling.png` and `convergence_precision.png` next to
+the JSON files (needs matplotlib: `pip install -e ".[bench]"`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def plot_scaling(path):
+    with open(path) as f:
+        result = json.load(f)
+    summary, args = result["summary"], result["args"]
+    workers = args["workers"]
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    base = summary[next(iter(summary))]["1"]
+    ax.axhspan(
+        base["mean"] - 0.01, base["mean"] + 0.01, color="0.9", label="N = 1 ± 1 point"
+    )
+    for i, (rule, row) in enumerate(summary.items()):
+        ns = [n for n in workers if row[str(n)]["n"]]
+        mean = np.array([row[str(n)]["mean"] for n in ns])
+        std = np.nan_to_num(np.array([row[str(n)]["std"] for n in ns]))
+        # Small horizontal offsets keep the error bars apart.
+        x = np.array(ns) * 2 ** ((i - 2) * 0.06)
+        ax.errorbar(x, mean, yerr=std, marker="o", ms=4, capsize=3, label=rule)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(workers, [str(n) for n in workers])
+    ax.set_xlabel(f"workers N (global batch N·b, b = {args['batch']})")
+    ax.set_ylabel("final test AUC (mean ± std over seeds)")
+    lo = min(
+        row[str(n)]["mean"]
+        for row in summary.values()
+        for n in workers
+        if row[str(n)]["n"]
+    )
+    ax.set_ylim(max(0.45, lo - 0.03), 1.0)
+    ax.set_title(
+        f"Synthetic shots, LSTM({args['units']}), SGD momentum, lr0 = {args['learning_rate']}, "
+        f"{args['epochs']} epochs for every N",
+        fontsize=9,
+    )
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower left")
+    fig.tight_layout()
+    out = os.path.join(os.path.dirname(path), "convergence_scaling.png")
+    fig.savefig(out, dpi=120)
+    print(f"wrote {out}")
+
+
+def plot_precision(path):
+    with open(path) as f:
+        result = json.load(f)
+    configs = result["args"]["configs"]
+    metrics = [("test_accuracy", "test accuracy"), ("test_auc", "test AUC")]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
+    for ax, (metric, label) in zip(axes, metrics):
+        for i, config in enumerate(configs):
+            values = [
+                r[metric]
+                for r in result["runs"]
+                if r["config"] == config and r[metric] is not None
+            ]
+            jitter = np.linspace(-0.12, 0.12, len(values)) if len(values) > 1 else [0.0]
+            ax.scatter(i + np.asarray(jitter), values, s=14, color="0.5", zorder=2)
+            if values:
+                std = np.std(values, ddof=1) if len(values) > 1 else 0.0
+                ax.errorbar(
+                    i + 0.25,
+                    np.mean(values),
+                    yerr=std,
+                    fmt="o",
+                    color="C0",
+                    capsize=4,
+                    zorder=3,
+                )
+        ax.set_xticks(
+            range(len(configs)), [c.replace(":", "\n") for c in configs], fontsize=8
+        )
+        ax.set_ylabel(f"{label} after the last epoch")
+        ax.grid(alpha=0.3, axis="y")
+    fig.suptitle(
+        "EEG (SelfRegulationSCP1): seeds (grey) and mean ± std (blue)", fontsize=10
+    )
+    fig.tight_layout()
+    out = os.path.join(os.path.dirname(path), "convergence_precision.png")
+    fig.savefig(out, dpi=120)
+    print(f"wrote {out}")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--scaling", help="convergence_scaling.json")
+    p.add_argument("--precision", help="convergence_precision.json")
+    args = p.parse_args(argv)
+    if args.scaling:
+        plot_scaling(args.scaling)
+    if args.precision:
+        plot_precision(args.precision)
+
+
+if __name__ == "__main__":
+    main()
