@@ -10,10 +10,11 @@ from keras_mpfp16.layers.gru import GRU
 from keras_mpfp16.layers.lane_batcher import LaneBatcher, LaneChunk
 from keras_mpfp16.layers.lane_reset import reset_lanes
 from keras_mpfp16.layers.lstm import LSTM
-from keras_mpfp16.layers.precision import RECURRENT_PRECISIONS
+from keras_mpfp16.layers.precision import INPUT_PRECISIONS, RECURRENT_PRECISIONS
 
 __all__ = [
     "GRU",
+    "INPUT_PRECISIONS",
     "LSTM",
     "LaneBatcher",
     "LaneChunk",

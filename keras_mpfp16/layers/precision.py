@@ -23,10 +23,11 @@ sequence outside the time loop:
 
 Why the defaults: with a long-memory gate (LSTM forget bias 8, T = 4096) any
 half-precision rounding inside the recurrence, even of the input alone, moved
-the last outputs by 15-40% from the float32 reference, while float32 for both
+the last outputs by 15-44% from the float32 reference, while float32 for both
 products left only the rounding of the outputs (0.02% under float16, 0.17%
-under bfloat16). On CPU both float32 products were also no slower than the
-half-precision ones. On GPUs float32 products may run as TF32 (10-bit
+under bfloat16). On this CPU the float32 products were also no slower than
+Keras, except for wide LSTMs under bfloat16 (1.5x at 256 units, where
+`recurrent_precision="compute"` is faster than Keras). On GPUs float32 products may run as TF32 (10-bit
 mantissa inputs) unless disabled; that case is not measured. Tables and
 commands: `docs/layers.md`.
 """
