@@ -37,14 +37,18 @@ import shots  # noqa: E402  (examples/shots.py)
 
 MACHINE = "2-core x86-64 CPU, TF 2.21, Keras 3.15.1"
 
-# Rule name in the study -> LearningRateScaler arguments.
+# Rule name in the study -> LearningRateScaler arguments. The first five
+# are the study's; the last two add the warmup to the other growing rules.
 RULES = {
     "none": dict(rule="none"),
     "linear": dict(rule="linear"),
     "linear+warmup": dict(rule="linear", warmup=True),
     "sqrt": dict(rule="sqrt"),
     "paper": dict(rule="paper"),
+    "sqrt+warmup": dict(rule="sqrt", warmup=True),
+    "paper+warmup": dict(rule="paper", warmup=True),
 }
+STUDY_RULES = ["none", "linear", "linear+warmup", "sqrt", "paper"]
 
 
 def shot_windows(num_shots, length, seed, strength):

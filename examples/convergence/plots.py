@@ -36,8 +36,12 @@ def plot_scaling(path):
         mean = np.array([row[str(n)]["mean"] for n in ns])
         std = np.nan_to_num(np.array([row[str(n)]["std"] for n in ns]))
         # Small horizontal offsets keep the error bars apart.
-        x = np.array(ns) * 2 ** ((i - 2) * 0.06)
-        ax.errorbar(x, mean, yerr=std, marker="o", ms=4, capsize=3, label=rule)
+        x = np.array(ns) * 2 ** ((i - 3) * 0.05)
+        # Dashed: the extra rules (warmup added to sqrt and paper).
+        style = "--" if rule in ("sqrt+warmup", "paper+warmup") else "-"
+        ax.errorbar(
+            x, mean, yerr=std, marker="o", ms=4, capsize=3, ls=style, label=rule
+        )
     ax.set_xscale("log", base=2)
     ax.set_xticks(workers, [str(n) for n in workers])
     ax.set_xlabel(f"workers N (global batch N·b, b = {args['batch']})")

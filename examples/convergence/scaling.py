@@ -45,7 +45,7 @@ def parse_args(argv=None):
         "--workers", type=int, nargs="+", default=WORKERS, help="values of N"
     )
     p.add_argument(
-        "--rules", nargs="+", default=list(common.RULES), choices=list(common.RULES)
+        "--rules", nargs="+", default=common.STUDY_RULES, choices=list(common.RULES)
     )
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--epochs", type=int, default=4, help="the same for every N")
@@ -73,13 +73,17 @@ def parse_args(argv=None):
     return args
 
 
+def run_of(n, rule):
+    """The rule whose run stands for `rule` at N: at N = 1 every rule but
+    "paper" has the factor 1 (and its warmup ramps from lr0 to lr0)."""
+    return "none" if n == 1 and not rule.startswith("paper") else rule
+
+
 def runs_to_do(args):
-    """(N, rule, seed) in seed-major order, N = 1 rules with factor 1 merged."""
+    """(N, rule, seed) in seed-major order, N = 1 runs of equal rates merged."""
     for seed in args.seeds:
         for n in args.workers:
-            for rule in args.rules:
-                if n == 1 and rule not in ("none", "paper"):
-                    continue
+            for rule in dict.fromkeys(run_of(n, r) for r in args.rules):
                 yield n, rule, seed
 
 
@@ -89,7 +93,7 @@ def summarise(runs, rules, workers):
     for rule in rules:
         table[rule] = {}
         for n in workers:
-            source = "none" if n == 1 and rule != "paper" else rule
+            source = run_of(n, rule)
             values = [
                 r["test_auc"] for r in runs if r["workers"] == n and r["rule"] == source
             ]
@@ -105,6 +109,19 @@ def summarise(runs, rules, workers):
                 "diverged": diverged,
             }
     return table
+
+
+# Arguments that define the training; runs in one JSON must share them.
+SETTINGS = (
+    "epochs", "batch", "learning_rate", "momentum", "warmup_epochs",
+    "train_shots", "test_shots", "length", "strength", "units", "data_seed",
+)  # fmt: skip
+
+
+def summary(result):
+    args = result["args"]
+    rules = [r for r in common.RULES if r in args["rules"]]
+    return summarise(result["runs"], rules, sorted(args["workers"]))
 
 
 def main(argv=None):
@@ -132,10 +149,23 @@ def main(argv=None):
         "runs": [],
     }
     if args.out and os.path.exists(args.out):
+        # Resume or extend (more rules, seeds or N): only with the same
+        # training settings, else the runs would not be comparable.
         with open(args.out) as f:
             previous = json.load(f)
-        if previous.get("args", {}).get("epochs") == args.epochs:
-            result["runs"] = previous["runs"]
+        changed = [k for k in SETTINGS if previous["args"].get(k) != getattr(args, k)]
+        if changed:
+            raise SystemExit(
+                f"{args.out} holds runs with other settings ({', '.join(changed)}); "
+                "use another --out."
+            )
+        result["runs"] = previous["runs"]
+        result["commands"] = previous.get("commands") or [previous["command"]]
+        for key in ("workers", "rules", "seeds"):
+            merged = previous["args"][key] + getattr(args, key)
+            result["args"][key] = list(dict.fromkeys(merged))
+    result.setdefault("commands", [])
+    result["commands"].append(result.pop("command"))
     done = {(r["workers"], r["rule"], r["seed"]) for r in result["runs"]}
     for n, rule, seed in runs_to_do(args):
         if (n, rule, seed) in done:
@@ -170,7 +200,7 @@ def main(argv=None):
             "seconds": round(seconds, 1),
         }
         result["runs"].append(row)
-        result["summary"] = summarise(result["runs"], args.rules, args.workers)
+        result["summary"] = summary(result)
         print(
             f"N={n:4d} {rule:14s} seed {seed}: test AUC {auc:.4f}, accuracy "
             f"{accuracy:.4f}, {row['steps']} steps, {seconds:.1f} s"
@@ -180,11 +210,11 @@ def main(argv=None):
         if args.out:
             with open(args.out, "w") as f:
                 json.dump(result, f, indent=1)
-    result["summary"] = summarise(result["runs"], args.rules, args.workers)
+    result["summary"] = summary(result)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
-    print_table(result["summary"], args.workers)
+    print_table(result["summary"], sorted(result["args"]["workers"]))
     return result
 
 
