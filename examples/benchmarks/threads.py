@@ -6,6 +6,8 @@ Each round runs the benchmark LSTM (peer_worker.py --impl ours) at np=2 with
   off       KERAS_MPFP16_THREADS=off: TensorFlow's own defaults, unbound
   1,1 1,2 2,2   KERAS_MPFP16_THREADS=INTRA,INTER, unbound (--bind-to none)
   bound     the library defaults with one core per rank (--bind-to core)
+  bound_yield   the same with OMPI_MCA_mpi_yield_when_idle=1 (MPI yields the
+            core while it waits instead of spinning)
 and prints the median over rounds of each setting's throughput relative to
 `off`, with all raw figures.
 """
@@ -24,17 +26,18 @@ sys.path.insert(0, str(HERE.parents[1] / "tests"))
 from mpi_launch import mpi_env, mpirun_path  # noqa: E402
 
 SETTINGS = {
-    "off": ("off", "none"),
-    "1,1": ("1,1", "none"),
-    "1,2": ("1,2", "none"),
-    "2,2": ("2,2", "none"),
-    "bound": (None, "core"),
+    "off": ({"KERAS_MPFP16_THREADS": "off"}, "none"),
+    "1,1": ({"KERAS_MPFP16_THREADS": "1,1"}, "none"),
+    "1,2": ({"KERAS_MPFP16_THREADS": "1,2"}, "none"),
+    "2,2": ({"KERAS_MPFP16_THREADS": "2,2"}, "none"),
+    "bound": ({}, "core"),
+    "bound_yield": ({"OMPI_MCA_mpi_yield_when_idle": "1"}, "core"),
 }
 
 
 def run(setting, policy, steps):
-    threads, bind = SETTINGS[setting]
-    env = mpi_env({"KERAS_MPFP16_THREADS": threads} if threads else None)
+    extra, bind = SETTINGS[setting]
+    env = mpi_env(extra)
     cmd = [
         mpirun_path(),
         "-np",
