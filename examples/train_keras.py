@@ -79,9 +79,13 @@ def main():
     )
     if kmp.is_root():
         h = hist.history
-        print(f"ranks: {kmp.size()}  policy: {args.policy}  time: {time.time() - start:.1f}s")
+        print(
+            f"ranks: {kmp.size()}  policy: {args.policy}  time: {time.time() - start:.1f}s"
+        )
         print("training loss per epoch:   " + ", ".join(f"{v:.4f}" for v in h["loss"]))
-        print("validation loss per epoch: " + ", ".join(f"{v:.4f}" for v in h["val_loss"]))
+        print(
+            "validation loss per epoch: " + ", ".join(f"{v:.4f}" for v in h["val_loss"])
+        )
         print(f"final validation accuracy: {h['val_accuracy'][-1]:.3f}")
 
 

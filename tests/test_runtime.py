@@ -157,10 +157,18 @@ def test_stall_conflicts_must_persist_before_the_job_is_ended(monkeypatch):
     clock = [100.0]
     monkeypatch.setattr(stall.time, "monotonic", lambda: clock[0])
     now = stall.time.time()
-    insp.table = {0: ("wait", 8, "gradient allreduce", now), 1: ("wait", 7, "gradient allreduce", now)}
+    insp.table = {
+        0: ("wait", 8, "gradient allreduce", now),
+        1: ("wait", 7, "gradient allreduce", now),
+    }
     insp._check()
     assert failures == []  # first sighting: within the grace period
-    insp.table[1] = ("wait", 8, "gradient allreduce", now)  # rank 1's "left"/"wait" arrived
+    insp.table[1] = (
+        "wait",
+        8,
+        "gradient allreduce",
+        now,
+    )  # rank 1's "left"/"wait" arrived
     clock[0] += 10
     insp._check()
     assert failures == [] and insp._conflict is None
