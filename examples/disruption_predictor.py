@@ -178,11 +178,8 @@ def build_model(features, profile_points, args):
 def idle_chunk(lanes, chunk, features):
     """A step with no data: zero inputs, zero weight, every lane reset."""
     x = np.zeros((lanes, chunk, features), "float32")
-    return (
-        x,
-        np.zeros((lanes, chunk, 1), "float32"),
-        np.zeros((lanes, chunk), "float32"),
-    )
+    y = np.zeros((lanes, chunk, 1), "float32")
+    return x, y, np.zeros((lanes, chunk), "float32")
 
 
 def reset_flags(batcher, steps):
