@@ -6,6 +6,12 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:-docs/benchmarks}
 mkdir -p "$OUT"
+# Anything else running skews every ratio. `nice` alone does not help: with
+# the kernel's autogroup scheduling (on by default on most distributions),
+# CPU time is shared fairly between *sessions*, so a niced job started from
+# another terminal still takes half the machine. Lower its group instead:
+#   echo 19 > /proc/<pid>/autogroup
+echo "load before starting: $(cut -d' ' -f1-3 /proc/loadavg)"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 TF_CPP_MIN_LOG_LEVEL=2
 for policy in float32 mixed_bfloat16; do
   python -m keras_mpfp16.benchmark overhead --policy "$policy" --rounds 7 --out "$OUT/overhead_$policy.json"
