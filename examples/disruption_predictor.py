@@ -271,6 +271,7 @@ def main(argv=None):
     keras.utils.set_random_seed(args.seed)  # same initial weights everywhere
     rank, size = kmp.rank(), kmp.size()
     train, test = load_data(args)
+    label = "positive" if args.data else "disruptive"  # what a label-1 shot is
 
     # Every rank gets its own shots: dealt round-robin from one seeded
     # permutation, the same number per rank (the last len % N are unused).
@@ -307,7 +308,7 @@ def main(argv=None):
         model.summary()
         print(
             f"ranks {size}, {len(train)} training shots "
-            f"({int(train.disruptive.sum())} disruptive), {len(test)} test shots, "
+            f"({int(train.disruptive.sum())} {label}), {len(test)} test shots, "
             f"{args.lanes} lanes x {args.chunk} steps per rank, {steps} steps/epoch, "
             f"policy {args.policy}, LSTM {args.lstm}",
             flush=True,
@@ -334,7 +335,7 @@ def main(argv=None):
     auc, count, positives = global_auc(model, test_mine, args)
     if rank == 0:
         print(
-            f"test AUC: {auc:.4f} over {count} shots ({positives} disruptive), "
+            f"test AUC: {auc:.4f} over {count} shots ({positives} {label}), "
             f"warning time {args.warning_steps} steps, training {seconds:.1f} s",
             flush=True,
         )

@@ -188,9 +188,12 @@ def generate_shots(
         radius = np.linspace(0.0, 1.0, profile_points, dtype="float32")
         width = rng.uniform(0.35, 0.5, size=(n, 1, 1)).astype("float32")
         profile = np.exp(-((radius / width) ** 2))  # (n, 1, points)
-        # Core collapse: the centre drops with the precursor.
+        # Core collapse: the centre drops with the precursor, by 8% at the
+        # disruption at the default strength: a hand-made alarm on the core
+        # alone gets an AUC of about 0.8, so the profile adds evidence
+        # without giving the answer away.
         core = np.exp(-((radius / 0.25) ** 2))
-        profile = profile * (1.0 - s * 0.5 * ramp[..., None] * core)
+        profile = profile * (1.0 - s * 0.04 * ramp[..., None] * core)
         profile = profile + rng.normal(0.0, 0.1, size=(n, steps, profile_points))
         parts.append(profile.astype("float32"))
     frame = np.concatenate(parts, axis=-1).astype("float32")
