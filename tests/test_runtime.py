@@ -67,12 +67,14 @@ def test_thread_defaults_split_unpinned_cores_between_ranks():
         4,
         2,
     )
-    assert threads.default_thread_counts(cores=2, total_cores=2, local_size=2) == (1, 2)
+    assert threads.default_thread_counts(cores=2, total_cores=2, local_size=2) == (1, 1)
     # A pinned rank uses the cores it was given.
     assert threads.default_thread_counts(cores=3, total_cores=16, local_size=4) == (
         3,
         2,
     )
+    # One core per rank: no spare core for the allreduce to overlap on.
+    assert threads.default_thread_counts(cores=1, total_cores=2, local_size=2) == (1, 1)
     assert threads.parse_override("off") is None
     assert threads.parse_override("4,1") == (4, 1)
     with pytest.raises(ValueError, match="INTRA,INTER"):
@@ -87,7 +89,12 @@ def test_thread_defaults_leave_user_settings_alone(monkeypatch):
     threads.applied.clear()
     threads.apply_thread_defaults()
     assert os.environ["TF_NUM_INTRAOP_THREADS"] == "7"
-    assert os.environ["TF_NUM_INTEROP_THREADS"] == str(threads.DEFAULT_INTER_OP)
+    # Intra-op is the user's; inter-op, which the user left unset, is the
+    # library's default for this machine's cores.
+    _, inter = threads.default_thread_counts(
+        threads.visible_cores(), os.cpu_count() or 1, 2
+    )
+    assert os.environ["TF_NUM_INTEROP_THREADS"] == str(inter)
 
 
 def test_cuda_aware_override_and_detection(monkeypatch):

@@ -21,9 +21,14 @@ from keras_mpfp16.runtime.world import launcher_local_size
 
 ENV_VAR = "KERAS_MPFP16_THREADS"
 
-# One inter-op thread runs the gradient allreduce while the other keeps
-# executing the graph, so communication can overlap computation.
+# With more than one core per rank, a second inter-op thread runs the gradient
+# allreduce while the first keeps executing the graph, so communication
+# overlaps computation. With one core per rank there is no spare core to
+# overlap on, and the second thread only competes with the compute thread:
+# measured on 2 cores at np=2 (examples/benchmarks/threads.py), one core per
+# rank ran 10-15% faster with 1 inter-op thread than with 2.
 DEFAULT_INTER_OP = 2
+SINGLE_CORE_INTER_OP = 1
 
 applied: dict[str, str] = {}
 
@@ -47,13 +52,16 @@ def default_thread_counts(
 
     Returns:
         The thread counts. A rank pinned to a subset of cores uses all of them;
-        an unpinned rank gets `total_cores // local_size` (at least 1).
+        an unpinned rank gets `total_cores // local_size` (at least 1). The
+        inter-op count is 2 (so the allreduce can overlap the backward pass)
+        unless the rank has a single core, where it is 1.
     """
     if local_size < 1:
         raise ValueError(f"local_size must be >= 1; received {local_size}.")
     pinned = cores < total_cores
     intra = cores if pinned else max(1, total_cores // local_size)
-    return max(1, intra), DEFAULT_INTER_OP
+    intra = max(1, intra)
+    return intra, SINGLE_CORE_INTER_OP if intra == 1 else DEFAULT_INTER_OP
 
 
 def parse_override(value: str) -> tuple[int, int] | None:
