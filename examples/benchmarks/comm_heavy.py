@@ -5,11 +5,18 @@ large share of the step. Does the np=2 step approach max(compute, comm)?
 
 Interleaved per round:
   compute      one process pinned to one core, bare Keras optimizer (no comm)
+  compute_x2   np=2, each rank training its own model with the bare optimizer
+               (no gradient communication): the compute time when both cores
+               compute at once and share the memory bandwidth, as they do in
+               the np=2 runs below
   comm         np=2: the in-step reduction path (tf.function over the fused
                gradients, one bucket) on the same number of bytes
   np2_25mb     np=2 training, 25 MB buckets (reductions can start while the
                backward pass still runs)
   np2_1bucket  np=2 training, one bucket (reduction only after all gradients)
+  np2_25mb_inter2  np2_25mb with 2 inter-op threads per rank
+               (KERAS_MPFP16_THREADS=1,2), so a second thread can run the
+               reduction while the first keeps computing
 Each np=2 run binds one core per rank.
 """
 
@@ -40,9 +47,9 @@ MODEL = [
 ]
 
 
-def run(cmd, out_path):
+def run(cmd, out_path, env=None):
     res = subprocess.run(
-        cmd, capture_output=True, text=True, env=mpi_env(), timeout=1200
+        cmd, capture_output=True, text=True, env=mpi_env(env or {}), timeout=1200
     )
     if res.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)}\n{res.stderr[-3000:]}")
@@ -71,12 +78,24 @@ def main():
         str(tmp),
     ]
     np2 = [mpirun, "-np", "2", "--bind-to", "core", "--map-by", "core"]
-    raw = {"compute": [], "comm": [], "np2_25mb": [], "np2_1bucket": []}
+    raw = {
+        k: []
+        for k in (
+            "compute",
+            "compute_x2",
+            "comm",
+            "np2_25mb",
+            "np2_1bucket",
+            "np2_25mb_inter2",
+        )
+    }
     params = None
     for r in range(args.rounds):
         res = run(["taskset", "-c", "0", *train, "--plain"], tmp)
         params = res["params"]
         raw["compute"].append(min(res["seconds_per_step_all"]))
+        res = run([*np2, *train, "--plain"], tmp)
+        raw["compute_x2"].append(min(res["seconds_per_step_all"]))
         ar = run(
             [
                 *np2,
@@ -104,6 +123,12 @@ def main():
         raw["np2_25mb"].append(min(res["seconds_per_step_all"]))
         res = run([*np2, *train, "--bucket-mb", "4096"], tmp)
         raw["np2_1bucket"].append(min(res["seconds_per_step_all"]))
+        res = run(
+            [*np2, *train, "--bucket-mb", "25"],
+            tmp,
+            env={"KERAS_MPFP16_THREADS": "1,2"},
+        )
+        raw["np2_25mb_inter2"].append(min(res["seconds_per_step_all"]))
         print(
             f"round {r + 1}: "
             + "  ".join(f"{k}={v[-1] * 1e3:.0f}ms" for k, v in raw.items()),
@@ -116,6 +141,8 @@ def main():
         "median_seconds": med,
         "sum_compute_comm": med["compute"] + med["comm"],
         "max_compute_comm": max(med["compute"], med["comm"]),
+        "sum_compute_x2_comm": med["compute_x2"] + med["comm"],
+        "max_compute_x2_comm": max(med["compute_x2"], med["comm"]),
     }
     print(json.dumps(summary, indent=1))
     if args.out:

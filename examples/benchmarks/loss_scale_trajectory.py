@@ -3,8 +3,9 @@
     mpirun -np 2 python examples/benchmarks/loss_scale_trajectory.py --out docs/benchmarks/loss_scale.json
 
 Trains the benchmark-style stacked LSTM on the synthetic precursor task of
-examples/train_keras.py under mixed_float16 with a short growth interval
-(200 steps), so growth and backoff both show in a few minutes. Every rank
+examples/train_keras.py under mixed_float16, starting from the largest scale
+(2**24, where the fp16 gradients overflow) with a short growth interval (100
+steps), so backoff and growth both show in a few minutes. Every rank
 records (scale, skipped steps) after each batch; the script checks the
 trajectories are identical on all ranks and writes rank 0's.
 """
@@ -29,7 +30,8 @@ from train_keras import make_data  # noqa: E402
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--epochs", type=int, default=6)
-    p.add_argument("--growth-interval", type=int, default=200)
+    p.add_argument("--growth-interval", type=int, default=100)
+    p.add_argument("--initial-scale", type=float, default=2.0**24)
     p.add_argument("--samples", type=int, default=8192)
     p.add_argument("--out")
     args = p.parse_args()
@@ -45,7 +47,9 @@ def main():
         ]
     )
     opt = kmp.DistributedOptimizer(
-        keras.optimizers.Adam(3e-3), growth_interval=args.growth_interval
+        keras.optimizers.Adam(3e-3),
+        initial_scale=args.initial_scale,
+        growth_interval=args.growth_interval,
     )
     model.compile(optimizer=opt, loss="binary_crossentropy")
     trace = []
@@ -74,6 +78,7 @@ def main():
                         "ranks": kmp.size(),
                         "identical_on_all_ranks": identical,
                         "growth_interval": args.growth_interval,
+                        "initial_scale": args.initial_scale,
                         "scale": scales,
                         "skipped": [k for _, k in trace],
                     }

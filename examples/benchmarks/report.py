@@ -115,10 +115,14 @@ def comm_heavy(folder):
     )
     print("| measurement | median seconds per step | rounds |")
     print("|---|---|---|")
-    for k in ("compute", "comm", "np2_25mb", "np2_1bucket"):
+    for k in m:
         print(f"| {k} | {m[k]:.3f} | {fmt_list(d['raw'][k], '{:.3f}')} |")
     print(f"| compute + comm | {d['sum_compute_comm']:.3f} | |")
-    print(f"| max(compute, comm) | {d['max_compute_comm']:.3f} | |\n")
+    print(f"| max(compute, comm) | {d['max_compute_comm']:.3f} | |")
+    if "sum_compute_x2_comm" in d:
+        print(f"| compute_x2 + comm | {d['sum_compute_x2_comm']:.3f} | |")
+        print(f"| max(compute_x2, comm) | {d['max_compute_x2_comm']:.3f} | |")
+    print()
 
 
 def scaling(folder):
@@ -153,10 +157,26 @@ def loss_scale(folder):
     )
 
 
+def autogroup(folder):
+    d = load(folder, "autogroup.json")
+    if not d:
+        return
+    print(
+        f"### A competing job in another session ({d['when']}, "
+        f"sched_autogroup_enabled={d['sched_autogroup_enabled']})\n"
+    )
+    print("| condition | throughput relative to quiet (median) | raw samples/s |")
+    print("|---|---|---|")
+    for c, rel in d["relative_to_quiet"].items():
+        print(f"| {c} | {rel:.2f} | {fmt_list(d['samples_per_s'][c])} |")
+    print()
+
+
 def main():
     folder = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/benchmarks")
     for section in (
         peers,
+        autogroup,
         overhead,
         allreduce,
         threads,

@@ -87,9 +87,15 @@ def one_process_overhead(cfg: dict, rounds: int = 7) -> dict:
     for m in (plain, ours):
         _seconds_per_step(m, x, y, batch, min(steps, 5))
     t_plain, t_ours = [], []
-    for _ in range(rounds):
-        t_plain.append(_seconds_per_step(plain, x, y, batch, steps))
+    for i in range(rounds):
+        # Alternate which model goes first (A B, B A, ...), so a position
+        # effect within a round cannot favour either.
+        first_plain = i % 2 == 0
+        if first_plain:
+            t_plain.append(_seconds_per_step(plain, x, y, batch, steps))
         t_ours.append(_seconds_per_step(ours, x, y, batch, steps))
+        if not first_plain:
+            t_plain.append(_seconds_per_step(plain, x, y, batch, steps))
     return {
         "ratio_ours_over_plain": median_ratio(t_plain, t_ours),  # throughput ratio
         "plain_samples_per_s": [batch / t for t in t_plain],
