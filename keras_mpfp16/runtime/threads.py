@@ -23,10 +23,10 @@ ENV_VAR = "KERAS_MPFP16_THREADS"
 
 # With more than one core per rank, a second inter-op thread runs the gradient
 # allreduce while the first keeps executing the graph, so communication
-# overlaps computation. With one core per rank there is no spare core to
+# can overlap computation. With one core per rank there is no spare core to
 # overlap on, and the second thread only competes with the compute thread:
 # measured on 2 cores at np=2 (examples/benchmarks/threads.py), one core per
-# rank ran 10-15% faster with 1 inter-op thread than with 2.
+# rank ran 5-8% faster with 1 inter-op thread than with 2.
 DEFAULT_INTER_OP = 2
 SINGLE_CORE_INTER_OP = 1
 
