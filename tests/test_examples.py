@@ -185,3 +185,35 @@ def test_scaling_study_smoke(tmp_path):
     # N workers of batch b take N times fewer steps than one.
     steps = {(r["workers"], r["rule"]): r["steps"] for r in result["runs"]}
     assert steps[(1, "none")] == 4 * steps[(4, "linear")]
+
+
+# -- the GPU scripts, on a machine without a GPU -----------------------------------
+
+
+def test_gpu_bench_smoke(tmp_path):
+    import json
+
+    out_json = tmp_path / "gpu_bench.json"
+    run_python("benchmarks/gpu_bench.py", "--smoke", "--out", out_json, timeout=300)
+    results = json.loads(out_json.read_text())["results"]
+    assert {(r["policy"], r["layer"]) for r in results} == {
+        (p, layer)
+        for p in ("float32", "mixed_float16", "mixed_bfloat16")
+        for layer in ("keras-nocudnn", "mpfp16")
+    }
+    for r in results:
+        assert "error" not in r, r
+        assert r["step_s"] > 0 and math.isfinite(r["loss"]), r
+
+
+@pytest.mark.mpi
+def test_gpu_check_reports_a_correct_allreduce_path():
+    import json
+
+    result = run_mpi(2, str(EXAMPLES / "gpu_check.py"), timeout=120)
+    assert result.returncode == 0, result.describe()
+    lines = result.stdout.splitlines()
+    reports = [json.loads(ln) for ln in lines if ln.startswith("{")]
+    assert sorted(r["rank"] for r in reports) == [0, 1], result.describe()
+    for r in reports:
+        assert r["correct"] is True and r["path"] in ("host", "device"), r
