@@ -36,7 +36,7 @@ from keras_mpfp16.runtime import (  # noqa: E402
     size,
 )
 
-__version__ = "0.1.0.dev0"
+__version__ = "0.1.0"
 
 __all__ = [
     "DistributedOptimizer",
