@@ -217,3 +217,29 @@ def test_gpu_check_reports_a_correct_allreduce_path():
     assert sorted(r["rank"] for r in reports) == [0, 1], result.describe()
     for r in reports:
         assert r["correct"] is True and r["path"] in ("host", "device"), r
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_peer_comparison_smoke(tmp_path):
+    """One tiny round of the peer comparison: every configuration runs."""
+    import json
+
+    out_json = tmp_path / "peers.json"
+    run_python(
+        "benchmarks/peers.py",
+        "--rounds",
+        "1",
+        "--steps",
+        "3",
+        "--policies",
+        "float32",
+        "--out",
+        out_json,
+        timeout=400,
+    )
+    result = json.loads(out_json.read_text())["policies"]["float32"]
+    for config, figures in result["samples_per_s"].items():
+        assert len(figures) == 1 and figures[0] > 0, (config, figures)
+    assert {"plain", "pinned", "ours2"} <= set(result["samples_per_s"])
+    assert result["median_ratios"]["ours2_over_2x_pinned (scaling efficiency)"] > 0

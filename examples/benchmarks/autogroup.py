@@ -23,11 +23,12 @@ gives the core back. Linux only.
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from interleave import median_ratios, run_rounds
 
 HERE = Path(__file__).resolve().parent
 WORKER = str(HERE / "peer_worker.py")
@@ -80,18 +81,8 @@ def main():
     autogroup = enabled.read_text().strip() if enabled.exists() else "absent"
     print(f"sched_autogroup_enabled = {autogroup}")
     conditions = ["quiet", "nice19", "autogroup19"]
-    raw = {c: [] for c in conditions}
-    for r in range(args.rounds):
-        for c in conditions:
-            raw[c].append(measure(c, args.steps))
-        print(
-            f"round {r + 1}: " + "  ".join(f"{c}={raw[c][-1]:.0f}" for c in conditions),
-            flush=True,
-        )
-    rel = {
-        c: statistics.median(x / q for x, q in zip(raw[c], raw["quiet"]))
-        for c in conditions
-    }
+    raw = run_rounds(conditions, lambda c: measure(c, args.steps), args.rounds)
+    rel = median_ratios(raw, "quiet")
     print("throughput relative to quiet (median): ", end="")
     print("  ".join(f"{c}={v:.2f}" for c, v in rel.items()))
     if args.out:

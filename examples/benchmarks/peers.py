@@ -30,6 +30,7 @@ HERE = Path(__file__).resolve().parent
 WORKER = str(HERE / "peer_worker.py")
 sys.path.insert(0, str(HERE.parents[1] / "tests"))
 
+from interleave import run_rounds  # noqa: E402
 from mpi_launch import mpi_env, mpirun_path  # noqa: E402
 
 
@@ -135,15 +136,12 @@ def main():
         "policies": {},
     }
     for policy in args.policies.split(","):
-        raw = {c: [] for c in configs}
-        for r in range(args.rounds):
-            for c in configs:
-                raw[c].append(run_config(c, policy, args.steps)["samples_per_s"])
-            print(
-                f"{policy} round {r + 1}: "
-                + "  ".join(f"{c}={raw[c][-1]:.0f}" for c in configs),
-                flush=True,
-            )
+        raw = run_rounds(
+            configs,
+            lambda c, pol=policy: run_config(c, pol, args.steps)["samples_per_s"],
+            args.rounds,
+            label=f"{policy} ",
+        )
         ratios = {
             "ours2_over_2x_pinned (scaling efficiency)": [
                 o / (2 * s) for o, s in zip(raw["ours2"], raw["pinned"])

@@ -15,7 +15,6 @@ and prints the median over rounds of each setting's throughput relative to
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1] / "tests"))
 
+from interleave import median_ratios, run_rounds  # noqa: E402
 from mpi_launch import mpi_env, mpirun_path  # noqa: E402
 
 SETTINGS = {
@@ -70,18 +70,10 @@ def main():
     p.add_argument("--policy", default="float32")
     p.add_argument("--out")
     args = p.parse_args()
-    raw = {s: [] for s in SETTINGS}
-    for r in range(args.rounds):
-        for s in SETTINGS:
-            raw[s].append(run(s, args.policy, args.steps))
-        print(
-            f"round {r + 1}: " + "  ".join(f"{s}={raw[s][-1]:.0f}" for s in SETTINGS),
-            flush=True,
-        )
-    rel = {
-        s: statistics.median(a / b for a, b in zip(raw[s], raw["off"]))
-        for s in SETTINGS
-    }
+    raw = run_rounds(
+        list(SETTINGS), lambda s: run(s, args.policy, args.steps), args.rounds
+    )
+    rel = median_ratios(raw, "off")
     print(
         "median throughput relative to TF defaults: "
         + "  ".join(f"{s}={v:.3f}" for s, v in rel.items())
