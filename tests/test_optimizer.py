@@ -105,7 +105,14 @@ def test_no_loss_scaling_outside_mixed_float16(policy):
     assert not opt.loss_scaling and float(opt.dynamic_scale.numpy()) == 1.0
 
 
-def test_one_process_trains_like_the_plain_optimizer_without_mpi(monkeypatch):
+@pytest.mark.parametrize(
+    "make_optimizer",
+    [lambda: keras.optimizers.SGD(0.1), lambda: keras.optimizers.Adam(1e-2)],
+    ids=["sgd", "adam"],
+)
+def test_one_process_trains_like_the_plain_optimizer_without_mpi(
+    monkeypatch, make_optimizer
+):
     def forbidden(*args, **kwargs):
         raise AssertionError("an MPI collective ran in a one-process train step")
 
@@ -114,13 +121,11 @@ def test_one_process_trains_like_the_plain_optimizer_without_mpi(monkeypatch):
     x, y = data()
     ref = tiny_model()
     init = ref.get_weights()
-    ref.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    ref.compile(optimizer=make_optimizer(), loss="mse")
     ref.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
     model = tiny_model()
     model.set_weights(init)
-    model.compile(
-        optimizer=kmp.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse"
-    )
+    model.compile(optimizer=kmp.DistributedOptimizer(make_optimizer()), loss="mse")
     model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
     for a, b in zip(model.get_weights(), ref.get_weights()):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
