@@ -243,3 +243,33 @@ def test_peer_comparison_smoke(tmp_path):
         assert len(figures) == 1 and figures[0] > 0, (config, figures)
     assert {"plain", "pinned", "ours2"} <= set(result["samples_per_s"])
     assert result["median_ratios"]["ours2_over_2x_pinned (scaling efficiency)"] > 0
+
+
+# -- the README's main job ----------------------------------------------------------
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("policy", ["float32", "mixed_float16"])
+def test_main_job_trains_on_two_ranks(policy):
+    """`mpirun -np 2 python examples/train_keras.py`, smaller: the loss falls."""
+    result = run_mpi(
+        2,
+        str(EXAMPLES / "train_keras.py"),
+        "--epochs",
+        "3",
+        "--samples",
+        "2048",
+        "--timesteps",
+        "32",
+        "--policy",
+        policy,
+        timeout=180,
+    )
+    assert result.returncode == 0, result.describe()
+    out = result.stdout
+    assert out.count("training loss per epoch:") == 1, result.describe()  # rank 0
+    assert f"ranks: 2  policy: {policy}" in out
+    line = next(ln for ln in out.splitlines() if ln.startswith("training loss"))
+    losses = [float(v) for v in line.split(":", 1)[1].split(",")]
+    assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0], losses
+    assert 0.0 <= metric(out, "final validation accuracy") <= 1.0
