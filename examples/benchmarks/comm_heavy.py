@@ -31,6 +31,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1] / "tests"))
 
+from interleave import run_rounds  # noqa: E402
 from mpi_launch import mpi_env, mpirun_path  # noqa: E402
 
 MODEL = [
@@ -78,62 +79,36 @@ def main():
         str(tmp),
     ]
     np2 = [mpirun, "-np", "2", "--bind-to", "core", "--map-by", "core"]
-    raw = {
-        k: []
-        for k in (
-            "compute",
-            "compute_x2",
-            "comm",
-            "np2_25mb",
-            "np2_1bucket",
-            "np2_25mb_inter2",
-        )
+    # name -> (command, extra environment) of each training measurement
+    training = {
+        "compute": (["taskset", "-c", "0", *train, "--plain"], None),
+        "compute_x2": ([*np2, *train, "--plain"], None),
+        "np2_25mb": ([*np2, *train, "--bucket-mb", "25"], None),
+        "np2_1bucket": ([*np2, *train, "--bucket-mb", "4096"], None),
+        "np2_25mb_inter2": (
+            [*np2, *train, "--bucket-mb", "25"],
+            {"KERAS_MPFP16_THREADS": "1,2"},
+        ),
     }
     params = None
-    for r in range(args.rounds):
-        res = run(["taskset", "-c", "0", *train, "--plain"], tmp)
-        params = res["params"]
-        raw["compute"].append(min(res["seconds_per_step_all"]))
-        res = run([*np2, *train, "--plain"], tmp)
-        raw["compute_x2"].append(min(res["seconds_per_step_all"]))
-        ar = run(
-            [
-                *np2,
-                py,
-                "-m",
-                "keras_mpfp16.benchmark",
-                "allreduce",
-                "--sizes",
-                str(params * 4),
-                "--rounds",
-                "2",
-                "--out",
-                str(tmp),
-            ],
-            tmp,
-        )
-        raw["comm"].append(
-            next(
-                x["seconds"]
-                for x in ar["records"]
-                if x["variant"] == "ours_graph_float32"
+
+    def measure(name):
+        nonlocal params
+        if name == "comm":  # the in-step reduction of this model's gradients
+            allreduce = [py, "-m", "keras_mpfp16.benchmark", "allreduce"]
+            allreduce += ["--sizes", str(params * 4), "--rounds", "2"]
+            records = run([*np2, *allreduce, "--out", str(tmp)], tmp)["records"]
+            return next(
+                x["seconds"] for x in records if x["variant"] == "ours_graph_float32"
             )
-        )
-        res = run([*np2, *train, "--bucket-mb", "25"], tmp)
-        raw["np2_25mb"].append(min(res["seconds_per_step_all"]))
-        res = run([*np2, *train, "--bucket-mb", "4096"], tmp)
-        raw["np2_1bucket"].append(min(res["seconds_per_step_all"]))
-        res = run(
-            [*np2, *train, "--bucket-mb", "25"],
-            tmp,
-            env={"KERAS_MPFP16_THREADS": "1,2"},
-        )
-        raw["np2_25mb_inter2"].append(min(res["seconds_per_step_all"]))
-        print(
-            f"round {r + 1}: "
-            + "  ".join(f"{k}={v[-1] * 1e3:.0f}ms" for k, v in raw.items()),
-            flush=True,
-        )
+        cmd, env = training[name]
+        res = run(cmd, tmp, env=env)
+        params = res["params"]
+        return min(res["seconds_per_step_all"])
+
+    # "compute" goes first: "comm" needs the parameter count it reports.
+    names = ["compute", "compute_x2", "comm", *list(training)[2:]]
+    raw = run_rounds(names, measure, args.rounds, fmt=lambda s: f"{s * 1e3:.0f}ms")
     med = {k: statistics.median(v) for k, v in raw.items()}
     summary = {
         "params": params,

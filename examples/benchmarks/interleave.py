@@ -15,16 +15,18 @@ def run_rounds(
     measure: Callable[[str], float],
     rounds: int,
     label: str = "",
+    fmt: Callable[[float], str] = "{:.0f}".format,
 ) -> dict[str, list[float]]:
     """Calls `measure(name)` for every name, `rounds` times over, interleaved.
 
-    Prints each round's figures as it ends; returns {name: [one per round]}.
+    Prints each round's figures (formatted with `fmt`) as it ends; returns
+    {name: [one per round]}.
     """
     raw = {n: [] for n in names}
     for r in range(rounds):
         for n in names:
             raw[n].append(measure(n))
-        figures = "  ".join(f"{n}={raw[n][-1]:.0f}" for n in names)
+        figures = "  ".join(f"{n}={fmt(raw[n][-1])}" for n in names)
         print(f"{label}round {r + 1}: {figures}", flush=True)
     return raw
 
