@@ -112,7 +112,7 @@ def _on_gpu(tensor: tf.Tensor) -> bool:
 
 
 def allreduce_gradients(
-    grads, *, op: str, wire_dtype: str, bucket_bytes: int, step=None
+    grads, *, shapes, op: str, wire_dtype: str, bucket_bytes: int, step=None
 ):
     """Reduces a list of gradients across ranks inside a (compiled) train step.
 
@@ -121,6 +121,13 @@ def allreduce_gradients(
     which backprop produces first, can be sent while earlier ones are still
     being computed), reduced with one MPI call per bucket, and split back to
     their shapes and dtypes. `None` entries pass through.
+
+    `shapes` are the variables' shapes, one per gradient. Buckets are planned
+    from them, never from the gradients' static shapes, which can be partly
+    unknown (a recurrent layer traced with an unknown batch size may give a
+    gradient of static shape `(None, units)`); every gradient is reshaped to
+    its variable's shape, so the plan and the split are the same on all ranks
+    and at every step.
 
     `step` (an integer tensor, the optimizer's train-step counter) names the
     collective in stall reports, and before the first bucket all ranks check
@@ -132,12 +139,23 @@ def allreduce_gradients(
         all ranks, so decisions taken from them are global.
     """
     step = tf.constant(-1, tf.int64) if step is None else tf.cast(step, tf.int64)
+    shapes = [tf.TensorShape(s) for s in shapes]
+    if len(shapes) != len(grads) or not all(s.is_fully_defined() for s in shapes):
+        raise ValueError(
+            "allreduce_gradients needs one fully known variable shape per "
+            f"gradient; received {len(shapes)} shapes for {len(grads)} gradients "
+            f"({[s.as_list() for s in shapes]})."
+        )
     dense = [
-        None if g is None else tf.convert_to_tensor(g)  # IndexedSlices -> dense
-        for g in grads
+        None
+        if g is None
+        # IndexedSlices -> dense; the variable's static shape, whatever the
+        # gradient's own static shape says.
+        else tf.reshape(tf.convert_to_tensor(g), shape)
+        for g, shape in zip(grads, shapes)
     ]
     present = [i for i, g in enumerate(dense) if g is not None]
-    sizes = [int(np.prod(dense[i].shape)) * 4 for i in present]
+    sizes = [shapes[i].num_elements() * 4 for i in present]
     reduced = list(dense)
     finite_flags = []
     use_device = cuda.cuda_aware() and any(_on_gpu(dense[i]) for i in present)
@@ -164,7 +182,7 @@ def allreduce_gradients(
             )
         out.set_shape(flat.shape)
         finite_flags.append(tf.reshape(finite, []))
-        parts = tf.split(out, [int(np.prod(dense[i].shape)) for i in idx])
+        parts = tf.split(out, [shapes[i].num_elements() for i in idx])
         for i, part in zip(idx, parts):
             reduced[i] = tf.cast(tf.reshape(part, dense[i].shape), dense[i].dtype)
     finite = (

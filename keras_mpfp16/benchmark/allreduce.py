@@ -103,7 +103,11 @@ def _graph_path():
     @tf.function
     def reduce(tensors):
         out, finite = bridge.allreduce_gradients(
-            list(tensors), op="sum", wire_dtype="float32", bucket_bytes=2**30
+            list(tensors),
+            shapes=[t.shape for t in tensors],
+            op="sum",
+            wire_dtype="float32",
+            bucket_bytes=2**30,
         )
         return out, finite
 

@@ -289,6 +289,7 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
             to_reduce = [None if p else g for g, p in zip(grads, passthrough)]
             reduced, finite = bridge.allreduce_gradients(
                 to_reduce,
+                shapes=[tuple(v.shape) for v in variables],
                 op="sum",
                 wire_dtype=self.wire_dtype,
                 bucket_bytes=int(self.bucket_size_mb * 2**20),
