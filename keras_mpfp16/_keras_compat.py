@@ -1,18 +1,24 @@
-"""The one place that reaches into Keras internals, each use guarded.
+"""The XLA guard: multi-process DistributedOptimizer models compile without XLA.
 
-XLA: a model trained by a DistributedOptimizer on more than one process calls
-MPI from the host in the middle of its train step, which XLA cannot compile.
-Keras decides whether to compile with `keras.src.trainers.trainer.
-model_supports_jit`, both for `jit_compile="auto"` (True on GPU machines) and
-for an explicit `jit_compile=True`. We wrap that function so such models
-answer False: Keras then trains without XLA instead of crashing, and we warn
-once saying why. If a future Keras moves the function, nothing is patched and
-the optimizer's own check raises a clear error instead.
+A model trained by a DistributedOptimizer on more than one process calls MPI
+from the host in the middle of its train step, which XLA cannot compile.
+Keras decides whether to compile with XLA by asking `model_supports_jit`,
+both for `jit_compile="auto"` (True on GPU machines) and for an explicit
+`jit_compile=True`. The guard wraps that function (through the seam,
+`keras_mpfp16.internals.keras.wrap_model_supports_jit`) so such models answer
+False: Keras then trains without XLA instead of failing at the first step,
+and we warn once saying why.
+
+If a Keras release no longer has the hook, installing the guard raises
+`KerasInternalsError` naming the Keras version and this feature (at
+`import keras_mpfp16`); it never silently does nothing.
 """
 
 from __future__ import annotations
 
 import warnings
+
+from keras_mpfp16.internals import keras as keras_internals
 
 _XLA_WARNING = (
     "keras_mpfp16: XLA compilation (jit_compile) is turned off for this model: "
@@ -22,32 +28,36 @@ _XLA_WARNING = (
 )
 
 
-def install_jit_guard() -> bool:
-    """Installs the XLA guard; returns False if this Keras has no hook for it."""
-    try:
-        from keras.src.trainers import trainer as trainer_module
-    except ImportError:
-        return False
-    original = getattr(trainer_module, "model_supports_jit", None)
-    if original is None:
-        return False
-    if getattr(original, "_keras_mpfp16_guard", False):
-        return True
+def _needs_host_collectives(model) -> bool:
+    """Whether `model` is trained by a DistributedOptimizer over several processes."""
+    from keras_mpfp16 import runtime
+    from keras_mpfp16.optimizer import DistributedOptimizer
 
+    optimizer = getattr(model, "optimizer", None)
+    return isinstance(optimizer, DistributedOptimizer) and runtime.size() > 1
+
+
+def install_jit_guard() -> bool:
+    """Installs the XLA guard (once; later calls do nothing).
+
+    Returns:
+        True. (Kept for callers written when a missing hook returned False.)
+
+    Raises:
+        KerasInternalsError: if this Keras has no `model_supports_jit` hook.
+    """
     warned = []
 
-    def model_supports_jit(model):
-        from keras_mpfp16 import runtime
-        from keras_mpfp16.optimizer import DistributedOptimizer
+    def make_wrapper(original):
+        def supports_jit(model):
+            if _needs_host_collectives(model):
+                if not warned:
+                    warned.append(True)
+                    warnings.warn(_XLA_WARNING, stacklevel=3)
+                return False
+            return original(model)
 
-        optimizer = getattr(model, "optimizer", None)
-        if isinstance(optimizer, DistributedOptimizer) and runtime.size() > 1:
-            if not warned:
-                warned.append(True)
-                warnings.warn(_XLA_WARNING, stacklevel=3)
-            return False
-        return original(model)
+        return supports_jit
 
-    model_supports_jit._keras_mpfp16_guard = True
-    trainer_module.model_supports_jit = model_supports_jit
+    keras_internals.wrap_model_supports_jit(make_wrapper)
     return True

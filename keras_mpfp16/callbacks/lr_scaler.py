@@ -32,6 +32,7 @@ from keras_mpfp16.callbacks.lr_schedule import (
     validate_rule,
     validate_schedule_args,
 )
+from keras_mpfp16.internals import keras as keras_internals
 from keras_mpfp16.runtime import progress
 
 # Inside the metric reduction (priority 100): the rate is set before the step.
@@ -279,7 +280,7 @@ class LearningRateScaler(keras.callbacks.Callback):
         if optimizer is None or self._proxy is not None:
             return
         inner = innermost_optimizer(optimizer)
-        original = inner._learning_rate
+        original = keras_internals.get_learning_rate_slot(inner)
         # Another scaler's stand-in (left by a fit that raised, or a second
         # scaler): the latest scaler takes over, from the same base rate.
         while isinstance(original, ScaledLearningRate):
@@ -298,7 +299,7 @@ class LearningRateScaler(keras.callbacks.Callback):
         # Direct attribute, not the `learning_rate` setter: the setter would
         # untrack the optimizer's learning-rate variable and change what
         # checkpoints hold.
-        inner._learning_rate = self._proxy
+        keras_internals.set_learning_rate_slot(inner, self._proxy)
         step_hooks.install(
             model, _KEY, train=self._wrap_train, priority=_PRIORITY, owner=self
         )
@@ -306,8 +307,10 @@ class LearningRateScaler(keras.callbacks.Callback):
     def _remove(self):
         if self._proxy is None:
             return
-        if self._optimizer._learning_rate is self._proxy:
-            self._optimizer._learning_rate = self._proxy.original
+        if keras_internals.get_learning_rate_slot(self._optimizer) is self._proxy:
+            keras_internals.set_learning_rate_slot(
+                self._optimizer, self._proxy.original
+            )
         step_hooks.uninstall(self.model, _KEY, owner=self)
         self._proxy = None
         self._optimizer = None

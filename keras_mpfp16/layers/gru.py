@@ -5,7 +5,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from keras_mpfp16.layers._keras_internals import read_uncast
+from keras_mpfp16.internals.keras import read_uncast
 from keras_mpfp16.layers.precision import (
     CARRY_DTYPE,
     DEFAULT_INPUT_PRECISION,

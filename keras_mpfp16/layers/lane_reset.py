@@ -15,7 +15,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_mpfp16.layers._keras_internals import read_uncast
+from keras_mpfp16.internals.keras import read_uncast
 
 
 def lane_reset_mask(lanes, batch_size: int) -> np.ndarray:

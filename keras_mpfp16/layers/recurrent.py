@@ -16,7 +16,7 @@ from __future__ import annotations
 from keras import config as keras_config
 from keras import ops, tree
 
-from keras_mpfp16.layers._keras_internals import read_uncast, rnn_loop
+from keras_mpfp16.internals.keras import read_uncast, rnn_loop
 from keras_mpfp16.layers.lane_reset import reset_state_lanes
 from keras_mpfp16.layers.precision import (
     CARRY_DTYPE,
@@ -93,14 +93,23 @@ class Float32CarryRNN:
                 "an `Input()` with a known `shape` or `batch_shape`."
             )
         initial_state = self._float32_initial_state(sequences, initial_state)
-        self._maybe_config_dropout_masks(self.cell, sequences[:, 0, :], initial_state)
-        last_output, outputs, states = self.inner_loop(
-            sequences=sequences,
-            initial_state=initial_state,
-            mask=mask,
-            training=training,
-        )
-        self._maybe_reset_dropout_masks(self.cell)
+        # The cell's dropout masks are made once per call, before the loop
+        # (a TensorFlow while loop cannot create them), and dropped after it
+        # so the next call draws new ones: what Keras's RNN.call does, with
+        # the cell's public mask methods.
+        cell = self.cell
+        cell.get_dropout_mask(sequences[:, 0, :])
+        cell.get_recurrent_dropout_mask(initial_state[0])
+        try:
+            last_output, outputs, states = self.inner_loop(
+                sequences=sequences,
+                initial_state=initial_state,
+                mask=mask,
+                training=training,
+            )
+        finally:
+            cell.reset_dropout_mask()
+            cell.reset_recurrent_dropout_mask()
         states = [ops.cast(state, CARRY_DTYPE) for state in tree.flatten(states)]
         if self.stateful:
             for variable, state in zip(tree.flatten(self.states), states):
@@ -115,8 +124,9 @@ class Float32CarryRNN:
         return output
 
     def _float32_initial_state(self, sequences, initial_state):
-        if self.stateful:
-            expected = self._expected_batch_size
+        if self.stateful and self.states is not None:
+            # The batch size the state variables were created for.
+            expected = tree.flatten(self.states)[0].shape[0]
             actual = sequences.shape[0]
             if expected is not None and actual is not None and actual != expected:
                 raise ValueError(

@@ -1,0 +1,582 @@
+"""Every private Keras access of keras_mpfp16, behind named accessors.
+
+Each entry of `REGISTRY` is one private thing (a `keras.src` name, a
+private attribute or method of a Keras object, or a Keras method we call or
+override in a way Keras does not document) with the feature that needs it.
+Module-level internals and method signatures are checked when this module
+is imported: if any is missing, importing it (and so `keras_mpfp16`) raises
+one `KerasInternalsError` listing each missing one, the feature affected and
+the installed Keras version. Instance attributes are checked at first use
+(when a model is compiled or a callback is set on it), with the same error.
+`check()` probes every entry, instance attributes included (used by
+`tests/test_internals.py` at both ends of the tested range).
+
+How to add one: register an `Internal` with `_register`, resolve or check it
+at import if it exists at module level, write an accessor that raises
+`_error(entry, ...)` when the internal is missing at use, add a probe to
+`check()`, and list it in docs/architecture.md's seam section.
+
+Backend-neutral: imports only `keras` (no TensorFlow), like the layers.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import keras
+
+from keras_mpfp16.internals import Internal, KerasInternalsError
+
+REGISTRY: dict[str, Internal] = {}
+_import_problems: list[tuple[Internal, str]] = []
+
+
+def _register(accessor: str, internal: str, feature: str) -> Internal:
+    entry = Internal(accessor=accessor, internal=internal, feature=feature)
+    REGISTRY[accessor] = entry
+    return entry
+
+
+def _error(entry: Internal, detail: str) -> KerasInternalsError:
+    return KerasInternalsError([(entry, detail)])
+
+
+def _resolve(entry: Internal, module: str, attr: str) -> Any:
+    """`module.attr`, or None with the problem recorded for the import error."""
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        _import_problems.append((entry, f"{type(exc).__name__}: {exc}"))
+        return None
+
+
+def _signature_problem(fn: Any, params: Sequence[str]) -> str | None:
+    """Why `fn` does not take `params` (after `self`, in order), or None."""
+    if fn is None:
+        return "it is not defined"
+    try:
+        names = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError) as exc:
+        return f"its signature cannot be read ({exc})"
+    if names and names[0] == "self":
+        names = names[1:]
+    if names[: len(params)] != list(params):
+        return f"it takes ({', '.join(names)}), expected ({', '.join(params)}, ...)"
+    return None
+
+
+def _check_signature(entry: Internal, fn: Any, params: Sequence[str]) -> None:
+    problem = _signature_problem(fn, params)
+    if problem is not None:
+        _import_problems.append((entry, problem))
+
+
+# -- layers: the fused time loop and reads without autocast -------------------
+
+RNN_LOOP = _register(
+    "keras.rnn_loop",
+    "keras.src.backend.rnn",
+    "the float32-carry time loop of keras_mpfp16.layers.LSTM/GRU",
+)
+_rnn = _resolve(RNN_LOOP, "keras.src.backend", "rnn")
+if _rnn is not None:
+    # The keyword arguments the layers pass (keras_mpfp16/layers/recurrent.py).
+    _check_signature(
+        RNN_LOOP,
+        _rnn,
+        (
+            "step_function",
+            "inputs",
+            "initial_states",
+            "go_backwards",
+            "mask",
+            "constants",
+            "unroll",
+            "input_length",
+            "time_major",
+            "zero_output_for_mask",
+            "return_all_outputs",
+        ),
+    )
+
+
+def rnn_loop(step_function: Callable, inputs: Any, initial_states: list, **kwargs):
+    """The backend's fused RNN time loop, as Keras's own `RNN` layer runs it.
+
+    A `tf.while_loop` on TensorFlow, `lax.scan` on JAX, a Python loop on
+    PyTorch. Keras 3 exports no public equivalent with masking,
+    `go_backwards` and `return_all_outputs`.
+
+    Args:
+        step_function: `(inputs_t, states) -> (output_t, new_states)`.
+        inputs: The sequence (time-major if `time_major=True`).
+        initial_states: List of initial state tensors.
+        **kwargs: `go_backwards`, `mask`, `unroll`, `input_length`,
+            `time_major`, `zero_output_for_mask`, `return_all_outputs`.
+
+    Returns:
+        `(last_output, outputs, new_states)`.
+    """
+    return _rnn(step_function, inputs, initial_states, **kwargs)
+
+
+AUTOCAST_SCOPE = _register(
+    "keras.read_uncast",
+    "keras.src.backend.AutocastScope",
+    "reading the float32 master weights and carry under mixed precision "
+    "(keras_mpfp16.layers)",
+)
+_AutocastScope = _resolve(AUTOCAST_SCOPE, "keras.src.backend", "AutocastScope")
+
+
+def read_uncast(variable: keras.Variable) -> Any:
+    """`variable`'s value in its own dtype, ignoring any autocast scope.
+
+    Inside a mixed-precision layer call every float variable reads as the
+    compute dtype; the recurrent layers need the float32 master copy. The
+    result stays differentiable with respect to the variable.
+    """
+    with _AutocastScope(None):
+        return variable.value
+
+
+# -- the XLA decision of `compile` ---------------------------------------------
+
+MODEL_SUPPORTS_JIT = _register(
+    "keras.wrap_model_supports_jit",
+    "keras.src.trainers.trainer.model_supports_jit",
+    "the XLA fallback (a multi-process DistributedOptimizer model compiled "
+    "with jit_compile='auto' or True trains without XLA instead of failing "
+    "at its first step)",
+)
+_trainer_module = None
+try:
+    _trainer_module = importlib.import_module("keras.src.trainers.trainer")
+except ImportError as _exc:  # pragma: no cover - depends on the Keras version
+    _import_problems.append((MODEL_SUPPORTS_JIT, f"ImportError: {_exc}"))
+else:
+    _check_signature(
+        MODEL_SUPPORTS_JIT,
+        getattr(_trainer_module, "model_supports_jit", None),
+        ("model",),
+    )
+
+_GUARD_MARK = "_keras_mpfp16_wrapped"
+
+
+def wrap_model_supports_jit(make_wrapper: Callable[[Callable], Callable]) -> None:
+    """Replaces Keras's `model_supports_jit(model)` by `make_wrapper(original)`.
+
+    Keras asks this function whether to XLA-compile a model, both for
+    `jit_compile="auto"` in `compile()` and when `jit_compile` is set. The
+    wrapper is installed once; later calls are no-ops.
+
+    Args:
+        make_wrapper: `original -> wrapper`, where `wrapper(model) -> bool`.
+
+    Raises:
+        KerasInternalsError: if this Keras has no such function.
+    """
+    original = getattr(_trainer_module, "model_supports_jit", None)
+    if original is None:
+        raise _error(MODEL_SUPPORTS_JIT, "it is not defined")
+    if getattr(original, _GUARD_MARK, False):
+        return
+    wrapper = make_wrapper(original)
+    setattr(wrapper, _GUARD_MARK, True)
+    _trainer_module.model_supports_jit = wrapper
+
+
+# -- optimizers ----------------------------------------------------------------
+
+OPTIMIZER_LEARNING_RATE = _register(
+    "keras.get_learning_rate_slot",
+    "keras.optimizers.Optimizer._learning_rate",
+    "LearningRateScaler (putting its per-step rate in place of the "
+    "optimizer's learning rate without untracking the learning-rate "
+    "variable, as the public setter would)",
+)
+
+
+def get_learning_rate_slot(optimizer: keras.optimizers.Optimizer) -> Any:
+    """What the optimizer holds as its learning rate, unevaluated.
+
+    A `keras.Variable` (float learning rate), a `LearningRateSchedule`, or a
+    callable. The public `optimizer.learning_rate` returns the *current
+    value* instead.
+    """
+    try:
+        return optimizer._learning_rate
+    except AttributeError:
+        raise _error(
+            OPTIMIZER_LEARNING_RATE,
+            f"{type(optimizer).__name__} has no `_learning_rate` attribute",
+        ) from None
+
+
+def set_learning_rate_slot(optimizer: keras.optimizers.Optimizer, value: Any) -> None:
+    """Puts `value` (a variable, schedule or callable) in the learning-rate slot.
+
+    Unlike the public `optimizer.learning_rate = callable` setter, this does
+    not untrack the optimizer's learning-rate variable, so checkpoints keep
+    holding it and putting the variable back restores the original state.
+    Keras calls a callable in the slot for the rate of every step.
+    """
+    get_learning_rate_slot(optimizer)  # raises if the slot is gone
+    optimizer._learning_rate = value
+
+
+OPTIMIZER_TRAINABLE_VARIABLES = _register(
+    "keras.optimizer_trainable_variables",
+    "keras.optimizers.Optimizer._trainable_variables",
+    "DistributedOptimizer.apply(grads) called without trainable_variables",
+)
+
+
+def optimizer_trainable_variables(optimizer: keras.optimizers.Optimizer) -> list:
+    """The variables `optimizer.build(...)` was given, in order."""
+    try:
+        return list(optimizer._trainable_variables)
+    except AttributeError:
+        raise _error(
+            OPTIMIZER_TRAINABLE_VARIABLES,
+            f"{type(optimizer).__name__} has no `_trainable_variables` attribute "
+            "(is it built?)",
+        ) from None
+
+
+OPTIMIZER_VARIABLE_INDEX = _register(
+    "keras.optimizer_variable_index",
+    "keras.optimizers.Optimizer._get_variable_index",
+    "DistributedOptimizer gradient accumulation (one accumulator per variable)",
+)
+_check_signature(
+    OPTIMIZER_VARIABLE_INDEX,
+    getattr(keras.optimizers.Optimizer, "_get_variable_index", None),
+    ("variable",),
+)
+
+
+def optimizer_variable_index(
+    optimizer: keras.optimizers.Optimizer, variable: keras.Variable
+) -> int:
+    """The position of `variable` among the variables the optimizer was built with."""
+    return optimizer._get_variable_index(variable)
+
+
+BASE_OPTIMIZER_BUILD = _register(
+    "keras.build_optimizer_base",
+    "keras.optimizers.Optimizer.build called past LossScaleOptimizer.build",
+    "DistributedOptimizer.build (its own loss-scale variables instead of "
+    "LossScaleOptimizer's)",
+)
+if not issubclass(keras.optimizers.LossScaleOptimizer, keras.optimizers.Optimizer):
+    _import_problems.append(  # pragma: no cover - depends on the Keras version
+        (BASE_OPTIMIZER_BUILD, "LossScaleOptimizer is not a keras.optimizers.Optimizer")
+    )
+_check_signature(BASE_OPTIMIZER_BUILD, keras.optimizers.Optimizer.build, ("variables",))
+
+
+def build_optimizer_base(optimizer: keras.optimizers.Optimizer, var_list: list) -> None:
+    """Runs `keras.optimizers.Optimizer.build` on a `LossScaleOptimizer` subclass.
+
+    Skips `LossScaleOptimizer.build`, which would create the loss-scale
+    variables a subclass creates itself.
+    """
+    keras.optimizers.Optimizer.build(optimizer, var_list)
+
+
+# -- callbacks -----------------------------------------------------------------
+
+MODEL_CHECKPOINT_HOOKS = _register(
+    "keras.checkpoint_file_path",
+    "keras.callbacks.ModelCheckpoint._save_model / _get_file_path / _should_save_model",
+    "AtomicModelCheckpoint (rank-0, atomic checkpoint writes)",
+)
+# The method a ModelCheckpoint subclass overrides to take over the writing.
+MODEL_CHECKPOINT_SAVE_METHOD = "_save_model"
+_check_signature(
+    MODEL_CHECKPOINT_HOOKS,
+    getattr(keras.callbacks.ModelCheckpoint, MODEL_CHECKPOINT_SAVE_METHOD, None),
+    ("epoch", "batch", "logs"),
+)
+_check_signature(
+    MODEL_CHECKPOINT_HOOKS,
+    getattr(keras.callbacks.ModelCheckpoint, "_get_file_path", None),
+    ("epoch", "batch", "logs"),
+)
+_check_signature(
+    MODEL_CHECKPOINT_HOOKS,
+    getattr(keras.callbacks.ModelCheckpoint, "_should_save_model", None),
+    ("epoch", "batch", "logs", "filepath"),
+)
+
+
+def checkpoint_file_path(
+    callback: keras.callbacks.ModelCheckpoint, epoch: int, batch: int | None, logs
+) -> str:
+    """The file `callback` would write now (its `filepath` template filled in)."""
+    return callback._get_file_path(epoch, batch, logs)
+
+
+def checkpoint_should_save(
+    callback: keras.callbacks.ModelCheckpoint,
+    epoch: int,
+    batch: int | None,
+    logs,
+    filepath: str,
+) -> bool:
+    """Whether `callback` writes now (`save_best_only`, monitor, ...).
+
+    Updates the callback's best value as Keras does.
+    """
+    return callback._should_save_model(epoch, batch, logs, filepath)
+
+
+STEP_FUNCTIONS = _register(
+    "keras.reset_step_functions",
+    "Model.train_function / test_function / predict_function, rebuilt by "
+    "make_*_function around the instance's train_step / test_step",
+    "callbacks that wrap the train/test step (GlobalMetrics, LearningRateScaler)",
+)
+for _name in ("make_train_function", "make_test_function", "make_predict_function"):
+    if not callable(getattr(keras.Model, _name, None)):
+        _import_problems.append(  # pragma: no cover - depends on the Keras version
+            (STEP_FUNCTIONS, f"keras.Model.{_name} is not defined")
+        )
+
+_STEP_FUNCTION_NAMES = {
+    "train": "train_function",
+    "test": "test_function",
+    "predict": "predict_function",
+}
+
+
+def reset_step_functions(
+    model: keras.Model, which: Sequence[str] = ("train", "test")
+) -> None:
+    """Drops `model`'s compiled step functions so Keras traces them again.
+
+    Needed after replacing `model.train_step` / `test_step` on the instance:
+    `fit`/`evaluate` rebuild a function that is None, and the rebuilt one
+    calls the instance's current step.
+
+    Args:
+        model: A Keras model.
+        which: Any of `"train"`, `"test"`, `"predict"`.
+    """
+    for kind in which:
+        name = _STEP_FUNCTION_NAMES[kind]
+        if not hasattr(model, name):
+            raise _error(
+                STEP_FUNCTIONS,
+                f"{type(model).__name__} has no `{name}` attribute",
+            )
+        setattr(model, name, None)
+
+
+# Every problem found on import, in one error.
+if _import_problems:
+    raise KerasInternalsError(_import_problems)
+
+
+# -- probes ----------------------------------------------------------------------
+
+
+def _probe_rnn_loop() -> None:
+    from keras import ops
+
+    def step(x, states):
+        h = states[0] + x
+        return h, [h]
+
+    last, outputs, states = rnn_loop(
+        step,
+        ops.ones((1, 3, 2)),
+        [ops.zeros((1, 2))],
+        go_backwards=False,
+        mask=None,
+        unroll=False,
+        input_length=3,
+        time_major=False,
+        zero_output_for_mask=False,
+        return_all_outputs=True,
+    )
+    got = ops.convert_to_numpy(last).tolist()
+    if got != [[3.0, 3.0]] or tuple(outputs.shape) != (1, 3, 2):
+        raise AssertionError(f"summing 3 ones gave {got}, outputs {outputs.shape}")
+
+
+def _probe_read_uncast() -> None:
+    variable = keras.Variable([1.0, 2.0], dtype="float32")
+    with _AutocastScope("float16"):
+        cast = keras.backend.standardize_dtype(variable.value.dtype)
+        raw = keras.backend.standardize_dtype(read_uncast(variable).dtype)
+    if (cast, raw) != ("float16", "float32"):
+        raise AssertionError(f"autocast read {cast}, read_uncast {raw}")
+
+
+def _tiny_model() -> keras.Model:
+    inputs = keras.Input((2,))
+    model = keras.Model(inputs, keras.layers.Dense(1)(inputs))
+    return model
+
+
+def _probe_model_supports_jit() -> None:
+    seen = []
+    original = _trainer_module.model_supports_jit
+
+    def refuse(model):
+        seen.append(model)
+        return False
+
+    _trainer_module.model_supports_jit = refuse
+    try:
+        model = _tiny_model()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Keras: "doesn't support jit_compile"
+            model.compile(optimizer="sgd", loss="mse", jit_compile=True)
+    finally:
+        _trainer_module.model_supports_jit = original
+    if model not in seen or model.jit_compile:
+        raise AssertionError(
+            "compile(jit_compile=True) did not consult model_supports_jit "
+            f"(consulted: {model in seen}, jit_compile={model.jit_compile})"
+        )
+
+
+def _probe_learning_rate_slot() -> None:
+    optimizer = keras.optimizers.SGD(0.5)
+    slot = get_learning_rate_slot(optimizer)
+    if not isinstance(slot, keras.Variable):
+        raise AssertionError(f"a float learning rate is held as {type(slot)}")
+    set_learning_rate_slot(optimizer, lambda: 0.25)
+    rate = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+    set_learning_rate_slot(optimizer, slot)
+    if rate != 0.25:
+        raise AssertionError(f"a callable in the slot gave learning_rate {rate}")
+    if not any(v is slot for v in optimizer.variables):
+        raise AssertionError("the learning-rate variable was untracked")
+
+
+def _probe_optimizer_variables() -> None:
+    a = keras.Variable([1.0, 2.0])
+    b = keras.Variable([3.0])
+    optimizer = keras.optimizers.SGD(0.1)
+    optimizer.build([a, b])
+    if [id(v) for v in optimizer_trainable_variables(optimizer)] != [id(a), id(b)]:
+        raise AssertionError("_trainable_variables is not the built list")
+    if (
+        optimizer_variable_index(optimizer, a),
+        optimizer_variable_index(optimizer, b),
+    ) != (
+        0,
+        1,
+    ):
+        raise AssertionError("_get_variable_index does not give the build order")
+
+
+def _probe_build_optimizer_base() -> None:
+    a = keras.Variable([1.0, 2.0])
+    optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1))
+    build_optimizer_base(optimizer, [a])
+    if not optimizer.built:
+        raise AssertionError("Optimizer.build did not mark the optimizer built")
+
+
+def _probe_checkpoint_hooks() -> None:
+    import tempfile
+
+    saved = []
+
+    class Probe(keras.callbacks.ModelCheckpoint):
+        pass
+
+    def save(self, epoch, batch, logs):
+        path = checkpoint_file_path(self, epoch, batch, logs)
+        if checkpoint_should_save(self, epoch, batch, logs, path):
+            saved.append(path)
+
+    setattr(Probe, MODEL_CHECKPOINT_SAVE_METHOD, save)
+    with tempfile.TemporaryDirectory() as tmp:
+        callback = Probe(tmp + "/m-{epoch:02d}.keras", save_best_only=True)
+        callback.set_model(_tiny_model())
+        for epoch, loss in enumerate([1.0, 2.0, 0.5]):
+            callback.on_epoch_end(epoch, {"val_loss": loss})
+        want = [tmp + "/m-01.keras", tmp + "/m-03.keras"]
+        if saved != want:
+            raise AssertionError(f"saved {saved}, expected {want}")
+
+
+def _probe_step_functions() -> None:
+    import numpy as np
+
+    model = _tiny_model()
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = np.zeros((2, 2), "float32"), np.zeros((2, 1), "float32")
+    model.train_on_batch(x, y)
+    calls = []
+    own = model.train_step
+
+    def train_step(data):
+        calls.append(1)
+        return own(data)
+
+    model.train_step = train_step
+    reset_step_functions(model)
+    model.train_on_batch(x, y)
+    if not calls:
+        raise AssertionError("the rebuilt train function did not call train_step")
+
+
+_PROBES = {
+    RNN_LOOP.accessor: _probe_rnn_loop,
+    AUTOCAST_SCOPE.accessor: _probe_read_uncast,
+    MODEL_SUPPORTS_JIT.accessor: _probe_model_supports_jit,
+    OPTIMIZER_LEARNING_RATE.accessor: _probe_learning_rate_slot,
+    OPTIMIZER_TRAINABLE_VARIABLES.accessor: _probe_optimizer_variables,
+    OPTIMIZER_VARIABLE_INDEX.accessor: _probe_optimizer_variables,
+    BASE_OPTIMIZER_BUILD.accessor: _probe_build_optimizer_base,
+    MODEL_CHECKPOINT_HOOKS.accessor: _probe_checkpoint_hooks,
+    STEP_FUNCTIONS.accessor: _probe_step_functions,
+}
+
+
+def check() -> dict[str, str | None]:
+    """Exercises every accessor on small objects.
+
+    Returns:
+        `{accessor: None}` for each one that works as the package needs, or
+        `{accessor: "what went wrong"}`.
+    """
+    results: dict[str, str | None] = {}
+    for accessor in REGISTRY:
+        try:
+            _PROBES[accessor]()
+        except Exception as exc:  # noqa: BLE001 - reported, not swallowed
+            results[accessor] = f"{type(exc).__name__}: {exc}"
+        else:
+            results[accessor] = None
+    return results
+
+
+__all__ = [
+    "MODEL_CHECKPOINT_SAVE_METHOD",
+    "REGISTRY",
+    "build_optimizer_base",
+    "check",
+    "checkpoint_file_path",
+    "checkpoint_should_save",
+    "get_learning_rate_slot",
+    "optimizer_trainable_variables",
+    "optimizer_variable_index",
+    "read_uncast",
+    "reset_step_functions",
+    "rnn_loop",
+    "set_learning_rate_slot",
+    "wrap_model_supports_jit",
+]
