@@ -1,9 +1,12 @@
 """The learning-rate rule for N workers against closed forms (pure functions)."""
 
+import json
 import math
 
+import keras
 import numpy as np
 import pytest
+from keras import ops
 
 from keras_mpfp16.callbacks import LearningRateScaler
 from keras_mpfp16.callbacks.lr_schedule import scale_factor, scaled_learning_rate
@@ -136,16 +139,34 @@ def test_xp_namespace_gives_the_same_numbers_in_float32():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"warmup_epochs": -1}, "warmup_epochs must be >= 0; received -1"),
-        ({"warmup_epochs": float("nan")}, "warmup_epochs must be a finite number"),
-        ({"max_lr": 0}, "max_lr must be None or a finite number > 0; received 0"),
-        ({"max_lr": -0.1}, "received -0.1"),
+        (
+            {"warmup_epochs": -1},
+            "`warmup_epochs`: expected a finite number >= 0. Received: warmup_epochs=-1",
+        ),
+        ({"warmup_epochs": float("nan")}, "Received: warmup_epochs=nan"),
+        (
+            {"max_lr": 0},
+            "`max_lr`: expected None or a finite number > 0. Received: max_lr=0",
+        ),
+        ({"max_lr": -0.1}, "Received: max_lr=-0.1"),
         ({"rule": "cubic"}, "'linear', 'sqrt', 'paper', 'none'"),
-        ({"decay": 1.5}, r"decay must be None, a number in \(0, 1\]"),
-        ({"num_workers": 0}, "num_workers must be an integer >= 1; received 0"),
-        ({"n0": 0}, "n0 must be a number > 0"),
-        ({"steps_per_epoch": 0}, "steps_per_epoch must be None or an integer >= 1"),
-        ({"base_learning_rate": -1.0}, "base_learning_rate must be None"),
+        (
+            {"decay": 1.5},
+            r"`decay`: expected None, a number in \(0, 1\].*callable.*Received: decay=1.5",
+        ),
+        (
+            {"num_workers": 0},
+            "`num_workers`: expected None or an integer >= 1. Received: num_workers=0",
+        ),
+        ({"n0": 0}, "`n0`: expected a finite number > 0. Received: n0=0"),
+        (
+            {"steps_per_epoch": 0},
+            "`steps_per_epoch`: expected None or an integer >= 1. Received: steps_per_epoch=0",
+        ),
+        (
+            {"base_learning_rate": -1.0},
+            "`base_learning_rate`: expected None or a finite number >= 0",
+        ),
     ],
 )
 def test_bad_arguments_name_the_value_and_what_is_allowed(kwargs, match):
@@ -154,7 +175,10 @@ def test_bad_arguments_name_the_value_and_what_is_allowed(kwargs, match):
 
 
 def test_unknown_rule_lists_allowed_values_in_pure_function():
-    with pytest.raises(ValueError, match="Unknown scaling rule 'cubic'"):
+    with pytest.raises(
+        ValueError,
+        match="`rule`: expected one of 'linear', 'sqrt', 'paper', 'none'. Received: rule='cubic'",
+    ):
         scale_factor("cubic", 2)
 
 
@@ -162,3 +186,48 @@ def test_numpy_arrays_of_epochs_work():
     e = np.linspace(0, 3, 7)
     got = scaled_learning_rate(e, LR0, 4.0, warmup_epochs=2.0)
     np.testing.assert_allclose(got, LR0 * (1 + 3 * np.minimum(e / 2, 1)), rtol=1e-12)
+
+
+def test_numpy_scalars_are_accepted_like_python_numbers():
+    """Failed before: np.int64 steps_per_epoch and np.float32 rates were rejected."""
+    scaler = LearningRateScaler(
+        num_workers=np.int32(4),
+        steps_per_epoch=np.int64(10),
+        base_learning_rate=np.float32(0.5),
+        warmup_epochs=np.float64(1.0),
+        decay=np.float32(0.5),
+    )
+    assert scaler.factor == 4.0
+    config = scaler.get_config()
+    assert config["steps_per_epoch"] == 10 and type(config["steps_per_epoch"]) is int
+    assert config["base_learning_rate"] == 0.5
+    assert type(config["decay"]) is float
+
+
+@keras.saving.register_keras_serializable(package="kmp_tests")
+def halve_every_epoch(epoch):
+    return ops.power(0.5, epoch)
+
+
+def test_callable_decay_survives_get_config():
+    """Failed before: get_config() silently wrote decay=None for a callable."""
+    scaler = LearningRateScaler(rule="sqrt", decay=halve_every_epoch, num_workers=4)
+    config = scaler.get_config()
+    assert config["decay"] is not None
+    json.dumps(config)  # a config must be plain data
+    restored = LearningRateScaler.from_config(config)
+    assert restored.decay is halve_every_epoch
+    assert restored.get_config() == config
+
+
+def test_unsaveable_decay_raises_instead_of_dropping_it():
+    def local_decay(epoch):  # not registered: Keras could not find it again
+        return 1.0
+
+    scaler = LearningRateScaler(decay=local_decay)
+    with pytest.raises(
+        ValueError, match="cannot save decay=.*register_keras_serializable"
+    ):
+        scaler.get_config()
+    with pytest.raises(ValueError, match="a lambda.*register_keras_serializable"):
+        LearningRateScaler(decay=lambda e: 1.0).get_config()

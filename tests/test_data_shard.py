@@ -112,15 +112,15 @@ def test_different_lengths_name_the_lengths():
         ),
         (
             lambda: shard(np.zeros(4), rank=2, num_ranks=2),
-            r"rank must be an integer in \[0, 1\]",
+            r"`rank`: expected an integer in \[0, 1\]. Received: rank=2",
         ),
         (
             lambda: shard(np.zeros(4), rank=0, num_ranks=0),
-            "num_ranks must be an integer >= 1",
+            "`num_ranks`: expected an integer >= 1. Received: num_ranks=0",
         ),
         (
             lambda: shard(np.zeros(4), rank=0, num_ranks=2, batch_size=0),
-            "batch_size must be None or an integer >= 1; received 0",
+            "`batch_size`: expected None or an integer >= 1. Received: batch_size=0",
         ),
         (lambda: shard(), "at least one"),
         (lambda: shard(np.float32(3.0), rank=0, num_ranks=1), "is a scalar"),

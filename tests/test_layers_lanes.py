@@ -94,10 +94,13 @@ def test_deterministic_and_seeded():
     [
         (
             {"lanes": 0, "chunk_length": 3},
-            r"`lanes` must be a positive integer; received 0",
+            r"`lanes`: expected an integer >= 1. Received: lanes=0",
         ),
-        ({"lanes": 2, "chunk_length": 2.5}, r"`chunk_length` .* received 2\.5"),
-        ({"lanes": True, "chunk_length": 3}, r"`lanes` .* received True"),
+        (
+            {"lanes": 2, "chunk_length": 2.5},
+            r"`chunk_length`: .* Received: chunk_length=2\.5",
+        ),
+        ({"lanes": True, "chunk_length": 3}, r"`lanes`: .* Received: lanes=True"),
     ],
 )
 def test_bad_sizes(kwargs, message):

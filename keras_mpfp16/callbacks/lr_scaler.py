@@ -16,6 +16,7 @@ training loads with the original learning rate (see `from_config`).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -23,7 +24,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_mpfp16 import runtime
+from keras_mpfp16 import _validate, runtime
 from keras_mpfp16.callbacks import step_hooks
 from keras_mpfp16.callbacks.lr_schedule import (
     DEFAULT_N0,
@@ -176,39 +177,25 @@ class LearningRateScaler(keras.callbacks.Callback):
         verbose: int = 0,
     ):
         super().__init__()
-        validate_rule(rule)
+        self.rule = validate_rule(rule)
         validate_schedule_args(warmup_epochs, decay, max_lr)
-        if num_workers is not None:
-            scale_factor(rule, num_workers, n0)  # validates num_workers and n0
-        else:
-            scale_factor(rule, 1, n0)
-        if base_learning_rate is not None and not (
-            isinstance(base_learning_rate, (int, float))
-            and not isinstance(base_learning_rate, bool)
-            and base_learning_rate >= 0
-        ):
-            raise ValueError(
-                "base_learning_rate must be None or a number >= 0; received "
-                f"{base_learning_rate!r}."
-            )
-        if steps_per_epoch is not None and (
-            isinstance(steps_per_epoch, bool)
-            or not isinstance(steps_per_epoch, int)
-            or steps_per_epoch < 1
-        ):
-            raise ValueError(
-                "steps_per_epoch must be None or an integer >= 1; received "
-                f"{steps_per_epoch!r}."
-            )
-        self.rule = rule
+        self.num_workers = _validate.positive_int(
+            "num_workers", num_workers, allow_none=True
+        )
+        scale_factor(self.rule, self.num_workers or 1, n0)  # validates n0
         self.warmup_epochs = float(warmup_epochs)
-        self.decay = decay
+        self.decay = decay if callable(decay) or decay is None else float(decay)
         self.max_lr = None if max_lr is None else float(max_lr)
-        self.num_workers = num_workers
         self.n0 = float(n0)
-        self.base_learning_rate = base_learning_rate
-        self.steps_per_epoch = steps_per_epoch
-        self.verbose = verbose
+        self.base_learning_rate = _validate.number(
+            "base_learning_rate", base_learning_rate, minimum=0, allow_none=True
+        )
+        self.steps_per_epoch = _validate.positive_int(
+            "steps_per_epoch", steps_per_epoch, allow_none=True
+        )
+        # verbose=True is common in Keras scripts: it means 1.
+        self.verbose = int(verbose) if isinstance(verbose, bool) else verbose
+        self.verbose = _validate.non_negative_int("verbose", self.verbose)
 
         # State read inside the train step. Plain variables of the callback,
         # not of the model or optimizer: nothing about checkpoints changes.
@@ -362,10 +349,19 @@ class LearningRateScaler(keras.callbacks.Callback):
         )
 
     def get_config(self) -> dict[str, Any]:
+        """The constructor arguments; `from_config` rebuilds the callback.
+
+        A callable `decay` is saved with `keras.saving.serialize_keras_object`,
+        which needs it registered (`@keras.saving.register_keras_serializable`)
+        so it can be found again by name.
+
+        Raises:
+            ValueError: if `decay` is a callable that cannot be saved that way.
+        """
         return {
             "rule": self.rule,
             "warmup_epochs": self.warmup_epochs,
-            "decay": self.decay if not callable(self.decay) else None,
+            "decay": _serialize_decay(self.decay),
             "max_lr": self.max_lr,
             "num_workers": self.num_workers,
             "n0": self.n0,
@@ -373,3 +369,39 @@ class LearningRateScaler(keras.callbacks.Callback):
             "steps_per_epoch": self.steps_per_epoch,
             "verbose": self.verbose,
         }
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> LearningRateScaler:
+        config = dict(config)
+        if isinstance(config.get("decay"), dict):
+            config["decay"] = keras.saving.deserialize_keras_object(config["decay"])
+        return cls(**config)
+
+
+def _serialize_decay(decay: Any) -> Any:
+    """`decay` for a config: a number, None, or a callable's Keras serialization."""
+    if decay is None or not callable(decay):
+        return decay
+    hint = (
+        "Register it with @keras.saving.register_keras_serializable() (a "
+        "module-level function, or a class with get_config), or pass a "
+        "per-epoch factor in (0, 1] instead."
+    )
+    if getattr(decay, "__name__", None) == "<lambda>":
+        raise ValueError(
+            "LearningRateScaler.get_config cannot save decay, a lambda: Keras "
+            f"restores callables by registered name. {hint} Received: decay={decay!r}"
+        )
+    try:
+        config = keras.saving.serialize_keras_object(decay)
+        restored = keras.saving.deserialize_keras_object(config)
+    except Exception as exc:  # noqa: BLE001 - re-raised with the fix
+        raise ValueError(
+            f"LearningRateScaler.get_config cannot save decay={decay!r}: {exc} {hint}"
+        ) from exc
+    if inspect.isfunction(decay) and restored is not decay:
+        raise ValueError(
+            f"LearningRateScaler.get_config cannot save decay={decay!r}: its name "
+            f"restores {restored!r}, another object. {hint}"
+        )
+    return config

@@ -25,9 +25,10 @@ overwritten every epoch and never took effect).
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Callable
 from typing import Any
+
+from keras_mpfp16 import _validate
 
 SCALING_RULES = ("linear", "sqrt", "paper", "none")
 
@@ -36,17 +37,9 @@ SCALING_RULES = ("linear", "sqrt", "paper", "none")
 DEFAULT_N0 = 100.0
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
 def validate_rule(rule: str) -> str:
-    if rule not in SCALING_RULES:
-        raise ValueError(
-            f"Unknown scaling rule {rule!r}; allowed values are "
-            f"{', '.join(repr(r) for r in SCALING_RULES)}."
-        )
-    return rule
+    """Returns `rule` if it is one of `SCALING_RULES`, else raises ValueError."""
+    return _validate.one_of("rule", rule, SCALING_RULES)
 
 
 def scale_factor(rule: str, num_workers: int, n0: float = DEFAULT_N0) -> float:
@@ -61,24 +54,15 @@ def scale_factor(rule: str, num_workers: int, n0: float = DEFAULT_N0) -> float:
     Returns:
         The factor, a float.
     """
-    validate_rule(rule)
-    if (
-        isinstance(num_workers, bool)
-        or not isinstance(num_workers, numbers.Integral)
-        or num_workers < 1
-    ):
-        raise ValueError(
-            f"num_workers must be an integer >= 1; received {num_workers!r}."
-        )
-    if not _is_number(n0) or not n0 > 0:
-        raise ValueError(f"n0 must be a number > 0; received {n0!r}.")
-    n = float(num_workers)
+    rule = validate_rule(rule)
+    n = float(_validate.positive_int("num_workers", num_workers))
+    n0 = _validate.number("n0", n0, minimum=0, min_inclusive=False)
     if rule == "linear":
         return n
     if rule == "sqrt":
         return math.sqrt(n)
     if rule == "paper":
-        return n / (1.0 + n / float(n0))
+        return n / (1.0 + n / n0)
     return 1.0
 
 
@@ -86,24 +70,18 @@ def validate_schedule_args(
     warmup_epochs: float, decay: Any, max_lr: float | None
 ) -> None:
     """Raises ValueError naming the bad value and what is allowed."""
-    if not _is_number(warmup_epochs) or not math.isfinite(warmup_epochs):
-        raise ValueError(
-            f"warmup_epochs must be a finite number >= 0; received {warmup_epochs!r}."
-        )
-    if warmup_epochs < 0:
-        raise ValueError(f"warmup_epochs must be >= 0; received {warmup_epochs!r}.")
+    _validate.number("warmup_epochs", warmup_epochs, minimum=0)
     if decay is not None and not callable(decay):
-        if not _is_number(decay) or not 0 < decay <= 1:
-            raise ValueError(
-                "decay must be None, a number in (0, 1] (the per-epoch factor), "
-                f"or a callable epoch -> multiplier; received {decay!r}."
-            )
-    if max_lr is not None and (
-        not _is_number(max_lr) or not math.isfinite(max_lr) or not max_lr > 0
-    ):
-        raise ValueError(
-            f"max_lr must be None or a finite number > 0; received {max_lr!r}."
+        _validate.number(
+            "decay",
+            decay,
+            minimum=0,
+            min_inclusive=False,
+            maximum=1,
+            expected="None, a number in (0, 1] (the per-epoch factor) or a "
+            "callable epoch -> multiplier",
         )
+    _validate.number("max_lr", max_lr, minimum=0, min_inclusive=False, allow_none=True)
 
 
 def scaled_learning_rate(

@@ -22,32 +22,18 @@ the metrics exact over the whole set with such unequal step counts.
 
 from __future__ import annotations
 
-import numbers
-
 import numpy as np
+
+from keras_mpfp16 import _validate
 
 
 def _check(num_samples, num_shards, batch_size, shard=None) -> int:
-    def is_int(v):
-        return isinstance(v, numbers.Integral) and not isinstance(v, bool)
-
-    if not is_int(num_samples) or num_samples < 0:
-        raise ValueError(
-            f"num_samples must be an integer >= 0; received {num_samples!r}."
-        )
-    if not is_int(num_shards) or num_shards < 1:
-        raise ValueError(
-            f"num_shards must be an integer >= 1; received {num_shards!r}."
-        )
-    if shard is not None and (not is_int(shard) or not 0 <= shard < num_shards):
-        raise ValueError(
-            f"shard must be an integer in [0, {num_shards - 1}]; received {shard!r}."
-        )
-    if batch_size is not None and (not is_int(batch_size) or batch_size < 1):
-        raise ValueError(
-            f"batch_size must be None or an integer >= 1; received {batch_size!r}."
-        )
-    return 1 if batch_size is None else int(batch_size)
+    _validate.non_negative_int("num_samples", num_samples)
+    num_shards = _validate.positive_int("num_shards", num_shards)
+    if shard is not None:
+        _validate.integer("shard", shard, minimum=0, maximum=num_shards - 1)
+    batch_size = _validate.positive_int("batch_size", batch_size, allow_none=True)
+    return 1 if batch_size is None else batch_size
 
 
 def shard_sizes(

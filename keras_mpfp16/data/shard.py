@@ -8,7 +8,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from keras_mpfp16 import runtime
+from keras_mpfp16 import _validate, runtime
 from keras_mpfp16.data.arithmetic import shard_indices, shard_sizes
 from keras_mpfp16.data.py_dataset import ShardedPyDataset
 
@@ -192,10 +192,8 @@ def shard(
         raise ValueError("shard needs at least one array or dataset.")
     size = runtime.size() if num_ranks is None else num_ranks
     r = runtime.rank() if rank is None else rank
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise ValueError(f"num_ranks must be an integer >= 1; received {size!r}.")
-    if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < size:
-        raise ValueError(f"rank must be an integer in [0, {size - 1}]; received {r!r}.")
+    size = _validate.positive_int("num_ranks", size)
+    r = _validate.integer("rank", r, minimum=0, maximum=size - 1)
     datasets = [d for d in data if _is_tf_dataset(d) or _is_py_dataset(d)]
     if datasets:
         if len(data) > 1:

@@ -38,36 +38,10 @@ class GRU(Float32CarryRNN, keras.layers.GRU):
 
     Args:
         units: Positive integer, dimensionality of the output space.
-        activation: Activation function to use. Default: `"tanh"`.
-        recurrent_activation: Activation for the gates. Default: `"sigmoid"`.
-        use_bias: Whether the layer uses bias vectors. Default: `True`.
-        kernel_initializer: Initializer for `kernel`. Default:
-            `"glorot_uniform"`.
-        recurrent_initializer: Initializer for `recurrent_kernel`. Default:
-            `"orthogonal"`.
-        bias_initializer: Initializer for the bias. Default: `"zeros"`.
-        kernel_regularizer: Regularizer for `kernel`.
-        recurrent_regularizer: Regularizer for `recurrent_kernel`.
-        bias_regularizer: Regularizer for the bias.
-        activity_regularizer: Regularizer for the layer output.
-        kernel_constraint: Constraint for `kernel`.
-        recurrent_constraint: Constraint for `recurrent_kernel`.
-        bias_constraint: Constraint for the bias.
-        dropout: Fraction of the input units to drop. Default: 0.
-        recurrent_dropout: Fraction of the recurrent units to drop.
-            Default: 0.
-        seed: Random seed for dropout.
-        return_sequences: Whether to return the whole output sequence or only
-            the last output. Default: `False`.
-        return_state: Whether to return the last state in addition to the
-            output. The returned state is in the compute dtype.
-        go_backwards: If `True`, process the input sequence backwards and
-            return the reversed sequence.
-        stateful: If `True`, the last state of each batch row is the initial
-            state of the same row in the next batch.
-        unroll: If `True`, unroll the time loop (short sequences only).
-        reset_after: GRU convention: apply the reset gate after (`True`,
-            default, cuDNN-compatible) or before the recurrent product.
+        *args: Positional arguments after `units`, as for `keras.layers.GRU`.
+        **kwargs: Every other argument of `keras.layers.GRU` (`activation`,
+            `dropout`, `return_sequences`, `stateful`, ...), with Keras's
+            defaults and meaning, except `use_cudnn` below.
         use_cudnn: `"auto"`, `True` or `False`. Under float32 as in Keras
             (cuDNN when eligible). Under a 16-bit compute dtype `"auto"`
             means the float32-carry loop; `True` forces Keras's cuDNN path,
@@ -98,60 +72,14 @@ class GRU(Float32CarryRNN, keras.layers.GRU):
     def __init__(
         self,
         units: int,
-        activation="tanh",
-        recurrent_activation="sigmoid",
-        use_bias: bool = True,
-        kernel_initializer="glorot_uniform",
-        recurrent_initializer="orthogonal",
-        bias_initializer="zeros",
-        kernel_regularizer=None,
-        recurrent_regularizer=None,
-        bias_regularizer=None,
-        activity_regularizer=None,
-        kernel_constraint=None,
-        recurrent_constraint=None,
-        bias_constraint=None,
-        dropout: float = 0.0,
-        recurrent_dropout: float = 0.0,
-        seed: int | None = None,
-        return_sequences: bool = False,
-        return_state: bool = False,
-        go_backwards: bool = False,
-        stateful: bool = False,
-        unroll: bool = False,
-        reset_after: bool = True,
-        use_cudnn="auto",
+        *args,
         recurrent_precision: str = DEFAULT_RECURRENT_PRECISION,
         input_precision: str = DEFAULT_INPUT_PRECISION,
         **kwargs,
     ):
-        super().__init__(
-            units,
-            activation=activation,
-            recurrent_activation=recurrent_activation,
-            use_bias=use_bias,
-            kernel_initializer=kernel_initializer,
-            recurrent_initializer=recurrent_initializer,
-            bias_initializer=bias_initializer,
-            kernel_regularizer=kernel_regularizer,
-            recurrent_regularizer=recurrent_regularizer,
-            bias_regularizer=bias_regularizer,
-            activity_regularizer=activity_regularizer,
-            kernel_constraint=kernel_constraint,
-            recurrent_constraint=recurrent_constraint,
-            bias_constraint=bias_constraint,
-            dropout=dropout,
-            recurrent_dropout=recurrent_dropout,
-            seed=seed,
-            return_sequences=return_sequences,
-            return_state=return_state,
-            go_backwards=go_backwards,
-            stateful=stateful,
-            unroll=unroll,
-            reset_after=reset_after,
-            use_cudnn=use_cudnn,
-            **kwargs,
-        )
+        # Every Keras argument goes to keras.layers.GRU unchanged (so new
+        # Keras arguments work without a change here).
+        super().__init__(units, *args, **kwargs)
         self._init_float32_carry(recurrent_precision, input_precision)
 
     def _float32_carry_loop(self, sequences, initial_state, mask, training):

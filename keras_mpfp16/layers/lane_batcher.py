@@ -15,6 +15,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from keras_mpfp16 import _validate
+
 
 class LaneChunk(NamedTuple):
     """One training step of a `LaneBatcher`.
@@ -33,12 +35,6 @@ class LaneChunk(NamedTuple):
     y: np.ndarray | None
     sample_weight: np.ndarray
     reset: np.ndarray
-
-
-def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"`{name}` must be a positive integer; received {value!r}.")
-    return int(value)
 
 
 class LaneBatcher:
@@ -87,8 +83,8 @@ class LaneBatcher:
         shuffle: bool = False,
         seed: int | None = None,
     ):
-        self.lanes = _positive_int("lanes", lanes)
-        self.chunk_length = _positive_int("chunk_length", chunk_length)
+        self.lanes = _validate.positive_int("lanes", lanes)
+        self.chunk_length = _validate.positive_int("chunk_length", chunk_length)
         self.sequences = [np.asarray(s) for s in sequences]
         self.targets = None if targets is None else [np.asarray(t) for t in targets]
         self._validate()

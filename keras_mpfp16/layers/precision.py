@@ -36,6 +36,8 @@ from __future__ import annotations
 
 from keras import ops
 
+from keras_mpfp16 import _validate
+
 RECURRENT_PRECISIONS = ("float32", "split", "compute")
 DEFAULT_RECURRENT_PRECISION = "float32"
 
@@ -51,22 +53,12 @@ CARRY_DTYPE = "float32"
 
 def validate_recurrent_precision(value) -> str:
     """Returns `value` if it is a known recurrent precision, else raises."""
-    if value not in RECURRENT_PRECISIONS:
-        raise ValueError(
-            f"Invalid value for argument `recurrent_precision`: {value!r}. "
-            f"Expected one of {RECURRENT_PRECISIONS}."
-        )
-    return value
+    return _validate.one_of("recurrent_precision", value, RECURRENT_PRECISIONS)
 
 
 def validate_input_precision(value) -> str:
     """Returns `value` if it is a known input-projection precision, else raises."""
-    if value not in INPUT_PRECISIONS:
-        raise ValueError(
-            f"Invalid value for argument `input_precision`: {value!r}. "
-            f"Expected one of {INPUT_PRECISIONS}."
-        )
-    return value
+    return _validate.one_of("input_precision", value, INPUT_PRECISIONS)
 
 
 def keeps_float32_carry(compute_dtype: str) -> bool:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from keras import config as keras_config
 from keras import ops, tree
 
+from keras_mpfp16 import _validate
 from keras_mpfp16.internals.keras import read_uncast, rnn_loop
 from keras_mpfp16.layers.lane_reset import reset_state_lanes
 from keras_mpfp16.layers.precision import (
@@ -75,12 +76,9 @@ class Float32CarryRNN:
 
     @use_cudnn.setter
     def use_cudnn(self, value):
-        if value not in ("auto", True, False):
-            raise ValueError(
-                f"Invalid value for argument `use_cudnn`: {value!r}. "
-                "Expected one of ('auto', True, False)."
-            )
-        self._requested_use_cudnn = value
+        self._requested_use_cudnn = _validate.one_of(
+            "use_cudnn", value, ("auto", True, False)
+        )
 
     def call(self, sequences, initial_state=None, mask=None, training=False):
         if not self.keeps_float32_carry:
