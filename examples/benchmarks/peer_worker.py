@@ -5,8 +5,9 @@
     --impl mwms   legacy tf_keras + tf.distribute.MultiWorkerMirroredStrategy;
                   TF_CONFIG comes from the environment (peers.py sets it)
 
-The model is FACTS.md's: Input(128, 16) -> LSTM(128, return_sequences) ->
-LSTM(128) -> Dense(1, sigmoid, float32); Adam; random data; per-rank batch 64.
+The model is the benchmark model of docs/measurement-conditions.md:
+Input(128, 16) -> LSTM(128, return_sequences) -> LSTM(128) ->
+Dense(1, sigmoid, float32); Adam; random data; per-rank batch 64.
 Prints one JSON line (from rank/worker 0): global samples/s over the timed
 steps, after warm-up steps that include tracing.
 """

@@ -2,15 +2,29 @@
 
     python examples/benchmarks/peers.py --rounds 5 --out docs/benchmarks/peers.json
 
-Per policy and round, in this order (A B C D A B C D ...):
-  plain    plain Keras 3, one process, default threads
-  pinned   plain Keras 3, one process pinned to core 0 (taskset)
-  ours2    keras_mpfp16 at np=2, one core per rank (mpirun --bind-to core)
-  mwms2    legacy tf_keras + MultiWorkerMirroredStrategy, 2 workers
-Same model (FACTS.md's stacked LSTM), same per-rank batch (64).
+Per policy and round, in this order (A B C ... A B C ...):
+  plain          plain Keras 3, one process, TensorFlow's default threads
+  pinned         plain Keras 3, one process pinned to core 0 (taskset)
+  ours2          keras_mpfp16 at np=2 with the library's defaults: one core
+                 per rank (mpirun --bind-to core), one intra- and one
+                 inter-op thread per rank
+  mwms2_bound    legacy tf_keras + MultiWorkerMirroredStrategy, 2 workers,
+                 with ours2's settings: worker i pinned to core i (taskset),
+                 TF_NUM_INTRAOP_THREADS=TF_NUM_INTEROP_THREADS=OMP_NUM_THREADS=1
+                 (the variables keras_mpfp16 sets for a one-core rank)
+  ours2_tfdef    keras_mpfp16 at np=2, unbound (--bind-to none), TensorFlow's
+                 default threads (KERAS_MPFP16_THREADS=off)
+  mwms2          MultiWorkerMirroredStrategy, 2 workers, unbound, TensorFlow's
+                 default threads (how it runs out of the box)
+Same model (the stacked LSTM of docs/measurement-conditions.md), same per-rank
+batch (64).
 
 Printed per policy: the median over rounds of per-round ratios
-  ours2 / mwms2, ours2 / (2 x pinned) (scaling efficiency), ours2 / plain,
+  ours2 / mwms2_bound     like for like, both pinned with one thread each
+  ours2_tfdef / mwms2     like for like, both unpinned with TF's defaults
+  ours2 / mwms2           each with its own defaults
+  ours2 / (2 x pinned)    scaling efficiency
+  ours2 / plain
 and every raw samples/s figure, so the machine's 2x speed modes are visible.
 Requires `pip install tf-keras==<your TF version> --no-deps` for the MWMS peer
 (skipped with a note when tf_keras is missing).
@@ -60,6 +74,23 @@ def free_ports(n):
     return ports
 
 
+# What keras_mpfp16 sets for a rank bound to one core (runtime/threads.py);
+# mwms2_bound gives the peer the same.
+ONE_CORE_THREADS = {
+    "TF_NUM_INTRAOP_THREADS": "1",
+    "TF_NUM_INTEROP_THREADS": "1",
+    "OMP_NUM_THREADS": "1",
+}
+
+
+def _ours(common, bind, extra_env=None):
+    cmd = [mpirun_path(), "-np", "2", "--bind-to", bind]
+    if bind == "core":
+        cmd += ["--map-by", "core"]
+    cmd += [sys.executable, WORKER, "--impl", "ours", *common]
+    return _run(cmd, env=mpi_env(extra_env))
+
+
 def run_config(name, policy, steps):
     common = ["--policy", policy, "--steps", str(steps)]
     py = sys.executable
@@ -68,23 +99,11 @@ def run_config(name, policy, steps):
     if name == "pinned":
         return _run(["taskset", "-c", "0", py, WORKER, "--impl", "keras", *common])
     if name == "ours2":
-        return _run(
-            [
-                mpirun_path(),
-                "-np",
-                "2",
-                "--bind-to",
-                "core",
-                "--map-by",
-                "core",
-                py,
-                WORKER,
-                "--impl",
-                "ours",
-                *common,
-            ]
-        )
-    if name == "mwms2":
+        return _ours(common, "core")
+    if name == "ours2_tfdef":
+        return _ours(common, "none", {"KERAS_MPFP16_THREADS": "off"})
+    if name in ("mwms2", "mwms2_bound"):
+        bound = name == "mwms2_bound"
         ports = free_ports(2)
         cluster = {"worker": [f"localhost:{p}" for p in ports]}
         procs = []
@@ -93,12 +112,14 @@ def run_config(name, policy, steps):
                 {
                     "TF_CONFIG": json.dumps(
                         {"cluster": cluster, "task": {"type": "worker", "index": i}}
-                    )
+                    ),
+                    **(ONE_CORE_THREADS if bound else {}),
                 }
             )
+            pin = ["taskset", "-c", str(i % (os.cpu_count() or 1))] if bound else []
             procs.append(
                 subprocess.Popen(
-                    [py, WORKER, "--impl", "mwms", *common],
+                    [*pin, py, WORKER, "--impl", "mwms", *common],
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     text=True,
@@ -126,13 +147,17 @@ def main():
     try:
         import tf_keras  # noqa: F401
 
-        configs = ["plain", "pinned", "ours2", "mwms2"]
+        configs = ["plain", "pinned", "ours2", "mwms2_bound", "ours2_tfdef", "mwms2"]
     except ImportError:
         print("tf_keras not installed: skipping the MWMS peer", flush=True)
-        configs = ["plain", "pinned", "ours2"]
+        configs = ["plain", "pinned", "ours2", "ours2_tfdef"]
     report = {
         "when": time.strftime("%Y-%m-%d %H:%M"),
+        "command": "python examples/benchmarks/peers.py " + " ".join(sys.argv[1:]),
         "cpus": os.cpu_count(),
+        "rounds": args.rounds,
+        "steps": args.steps,
+        "configs": configs,
         "policies": {},
     }
     for policy in args.policies.split(","):
@@ -149,9 +174,14 @@ def main():
             "ours2_over_plain": [o / s for o, s in zip(raw["ours2"], raw["plain"])],
         }
         if "mwms2" in raw:
-            ratios["ours2_over_mwms2"] = [
-                o / m for o, m in zip(raw["ours2"], raw["mwms2"])
-            ]
+            for ours, peer in (
+                ("ours2", "mwms2_bound"),
+                ("ours2_tfdef", "mwms2"),
+                ("ours2", "mwms2"),
+            ):
+                ratios[f"{ours}_over_{peer}"] = [
+                    o / m for o, m in zip(raw[ours], raw[peer])
+                ]
         med = {k: statistics.median(v) for k, v in ratios.items()}
         report["policies"][policy] = {
             "samples_per_s": raw,

@@ -23,24 +23,26 @@ def throughput(folder: Path):
     if not src.exists():
         return
     data = json.loads(src.read_text())["policies"]
-    configs = ["pinned", "plain", "mwms2", "ours2"]
     labels = {
         "pinned": "1 process, 1 core",
-        "plain": "1 process, default threads",
-        "mwms2": "tf_keras MWMS, 2 workers",
-        "ours2": "keras-mpfp16, 2 ranks",
+        "plain": "1 process, TF default threads",
+        "mwms2_bound": "tf_keras MWMS, 2 workers, 1 core + 1 thread each",
+        "ours2": "keras-mpfp16, 2 ranks, 1 core + 1 thread each",
+        "mwms2": "tf_keras MWMS, 2 workers, TF defaults",
+        "ours2_tfdef": "keras-mpfp16, 2 ranks, TF defaults",
     }
-    fig, ax = plt.subplots(figsize=(8, 4))
-    width = 0.2
     policies = list(data)
+    configs = [c for c in labels if c in data[policies[0]]["samples_per_s"]]
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    width = 0.8 / len(configs)
     for i, c in enumerate(configs):
-        med = [
-            statistics.median(data[p]["samples_per_s"].get(c, [0])) for p in policies
-        ]
+        med = [statistics.median(data[p]["samples_per_s"][c]) for p in policies]
         ax.bar(
             [j + i * width for j in range(len(policies))], med, width, label=labels[c]
         )
-    ax.set_xticks([j + 1.5 * width for j in range(len(policies))], policies)
+    ax.set_xticks(
+        [j + (len(configs) - 1) * width / 2 for j in range(len(policies))], policies
+    )
     ax.set_ylabel("samples/s (median of rounds)")
     ax.set_title("Stacked LSTM training throughput, 2-core CPU")
     ax.legend(fontsize=8)
