@@ -36,3 +36,31 @@ def plan_buckets(sizes: list[int], bucket_bytes: int) -> list[list[int]]:
     if current:
         buckets.append(sorted(current))
     return buckets
+
+
+INDEX_BYTES = 4  # int32 row index, sent with every gathered row
+VALUE_BYTES = 4  # gathered rows travel as float32
+
+
+def sparse_is_cheaper(total_rows, row_elems: int, num_rows: int, wire_itemsize: int):
+    """Whether an allgather of rows moves fewer bytes than the dense tensor.
+
+    The gather moves every rank's (deduplicated) rows with their indices,
+    `total_rows * (row_elems * 4 + 4)` bytes; the dense reduction moves the
+    whole `num_rows * row_elems` tensor in the wire format. Both sides are
+    known identically on every rank once the row counts are allgathered, so
+    every rank takes the same path.
+
+    Works on Python integers and on integer tensors (operators only).
+
+    Args:
+        total_rows: Rows contributed by all ranks together.
+        row_elems: Elements per row (e.g. the embedding width).
+        num_rows: Rows of the variable (e.g. the vocabulary size).
+        wire_itemsize: Bytes per element of the dense wire (4 or 2).
+
+    Returns:
+        True when gathering is cheaper (a bool, or a boolean tensor).
+    """
+    gathered = total_rows * (row_elems * VALUE_BYTES + INDEX_BYTES)
+    return gathered < num_rows * row_elems * wire_itemsize

@@ -92,8 +92,7 @@ def _allreduce_device(w, x, op):
         if op == "average":
             out /= w.comm.Get_size()
         return out
-    import cupy
-
+    cupy = cuda._cupy()
     host = cupy.asnumpy(xp_arr)
     cuda.path_counts["staged"] += 1
     return cupy.asarray(allreduce(host, op=op))
@@ -106,7 +105,11 @@ def allreduce_flat(
     out: np.ndarray | None = None,
     name: str = "gradient allreduce",
 ) -> np.ndarray:
-    """Fused reduction of one flat float32 buffer: the gradient hot path.
+    """Fused reduction of one flat float32 buffer.
+
+    The numpy entry point to the gradient wire formats (the TensorFlow bridge
+    encodes 16-bit wires inside the train step instead and calls the
+    buffer-level functions below).
 
     Args:
         buf: 1-D float32 array; it is not modified.
@@ -133,11 +136,53 @@ def allreduce_flat(
         else:
             out[...] = result
     if op == "average":
-        if n & (n - 1) == 0:  # a power of two: multiplying is exact and faster
-            np.multiply(out, np.float32(1.0 / n), out=out)
-        else:
-            np.divide(out, np.float32(n), out=out)
+        divide_by_size(out, n)
     return out
+
+
+def divide_by_size(out: np.ndarray, n: int) -> None:
+    """`out /= n` in place (a multiply when n is a power of two: exact, faster)."""
+    if n & (n - 1) == 0:
+        np.multiply(out, np.float32(1.0 / n), out=out)
+    else:
+        np.divide(out, np.float32(n), out=out)
+
+
+# -- buffer-level collectives for the backend bridges ----------------------------
+# `send`/`recv` are anything mpi4py takes as a buffer: numpy arrays, or
+# `cuda.DLPackBuffer` views of framework tensors (host or device memory).
+
+
+def allreduce_sum_into(send, recv, name: str) -> None:
+    """`recv` = element-wise sum of every rank's `send` (same dtype and size)."""
+    w = world()
+    with stall.collective(name):
+        w.comm.Allreduce(send, recv, op=w.mpi.SUM)
+
+
+def alltoall_into(send, recv, name: str) -> None:
+    """Rank r receives every rank's r-th equal block of `send`, in rank order."""
+    with stall.collective(name):
+        world().comm.Alltoall(send, recv)
+
+
+def allgather_into(send, recv, name: str) -> None:
+    """`recv` = every rank's `send` (same size everywhere), in rank order."""
+    with stall.collective(name):
+        world().comm.Allgather(send, recv)
+
+
+def allgatherv_bytes(send: np.ndarray, recv: np.ndarray, counts, name: str) -> None:
+    """Uneven allgather of raw bytes: rank r contributes `counts[r]` bytes."""
+    w = world()
+    counts = [int(c) for c in counts]
+    displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
+    byte = w.mpi.BYTE
+    with stall.collective(name):
+        w.comm.Allgatherv(
+            [send.view(np.uint8).reshape(-1), byte],
+            [recv.view(np.uint8).reshape(-1), (counts, displs), byte],
+        )
 
 
 def allgather(x: Any) -> np.ndarray:
@@ -269,9 +314,14 @@ __all__ = [
     "allgather",
     "allgather_object",
     "allreduce",
+    "allgather_into",
+    "allgatherv_bytes",
     "allreduce_flat",
+    "allreduce_sum_into",
+    "alltoall_into",
     "broadcast",
     "broadcast_arrays",
+    "divide_by_size",
     "validate_op",
     "validate_wire_dtype",
 ]

@@ -1,24 +1,33 @@
-"""CUDA-aware MPI detection and GPU buffer handling.
+"""CUDA-aware MPI detection and device buffers for MPI.
 
 When the MPI library can read GPU memory ("CUDA-aware"), device buffers go to
-MPI as they are (mpi4py understands `__cuda_array_interface__` and DLPack);
-otherwise they are staged through host memory. Only CuPy is used to wrap
-device memory, and only when a device array actually arrives, so CPU-only
-installations never import it.
+MPI as they are; otherwise they are staged through host memory. Buffers reach
+mpi4py through DLPack (`DLPackBuffer`), which mpi4py 4 reads for host and
+device memory alike -- no array library is needed for that. CuPy is used only
+by the numpy-level collectives when the caller hands them a CuPy (or other
+GPU) array.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import warnings
 from collections import Counter
 
 ENV_OVERRIDE = "KERAS_MPFP16_CUDA_AWARE"
 
-# How many collectives ran on each path; examples/gpu_check.py prints it.
+# How many gradient collectives ran on each path: "device" (GPU memory handed
+# to MPI), "staged" (GPU tensors copied to the host first), "host" (host
+# memory); "dlpack" counts the buffers that reached MPI through DLPack.
+# examples/gpu_check.py prints it.
 path_counts: Counter = Counter()
 
-_detected: bool | None = None
+_detected: tuple[bool, str] | None = None
+
+# DLPack device types (dlpack.h).
+KDL_CPU = 1
+KDL_CUDA = 2
 
 
 def _loaded_libmpi_paths() -> list[str]:
@@ -31,11 +40,12 @@ def _loaded_libmpi_paths() -> list[str]:
         return []
 
 
-def _query_library() -> bool:
+def _query_library() -> tuple[bool, str]:
     """Asks the loaded MPI library whether it was built with CUDA support."""
     from mpi4py import MPI  # noqa: F401  (loads libmpi into the process)
 
-    for path in _loaded_libmpi_paths():
+    paths = _loaded_libmpi_paths()
+    for path in paths:
         try:
             lib = ctypes.CDLL(path)
         except OSError:
@@ -46,15 +56,47 @@ def _query_library() -> bool:
                 continue
             if symbol == "MPIX_GPU_query_support":  # MPICH: (gpu_type, *is_supported)
                 out = ctypes.c_int(0)
-                if (
-                    fn(ctypes.c_int(1), ctypes.byref(out)) == 0
-                ):  # 1 = MPIX_GPU_SUPPORT_CUDA
-                    return bool(out.value)
+                if fn(ctypes.c_int(1), ctypes.byref(out)) == 0:  # 1 = CUDA
+                    return bool(out.value), f"{symbol}() in {path}"
                 continue
             # Open MPI: only meaningful when its CUDA component is present,
             # which it reports at run time.
-            return bool(fn())
-    return False
+            return bool(fn()), f"{symbol}() in {path}"
+    if not paths:
+        return False, "no libmpi found among the loaded libraries"
+    return False, f"{', '.join(paths)} exports no CUDA-support query"
+
+
+def detection() -> tuple[bool, str]:
+    """Whether MPI takes GPU buffers, and why we think so (cached).
+
+    Returns:
+        `(cuda_aware, reason)`. A failing query counts as "not CUDA-aware"
+        and is reported once with a warning naming the error.
+    """
+    global _detected
+    override = os.environ.get(ENV_OVERRIDE, "").strip().lower()
+    if override in ("1", "true", "yes", "on"):
+        return True, f"{ENV_OVERRIDE}={override}"
+    if override in ("0", "false", "no", "off"):
+        return False, f"{ENV_OVERRIDE}={override}"
+    if override:
+        raise ValueError(
+            f"{ENV_OVERRIDE}={override!r} is not understood; use 1 or 0 (or unset it)."
+        )
+    if _detected is None:
+        try:
+            _detected = _query_library()
+        except Exception as exc:  # a query failure must not break CPU training
+            reason = f"the CUDA-support query failed ({type(exc).__name__}: {exc})"
+            warnings.warn(
+                f"keras_mpfp16: {reason}; gradients are staged through host "
+                f"memory. Set {ENV_OVERRIDE}=1 if your MPI is CUDA-aware.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            _detected = (False, reason)
+    return _detected
 
 
 def cuda_aware() -> bool:
@@ -67,22 +109,59 @@ def cuda_aware() -> bool:
     Returns:
         True if the MPI library accepts device pointers.
     """
-    global _detected
-    override = os.environ.get(ENV_OVERRIDE, "").strip().lower()
-    if override in ("1", "true", "yes", "on"):
-        return True
-    if override in ("0", "false", "no", "off"):
-        return False
-    if override:
-        raise ValueError(
-            f"{ENV_OVERRIDE}={override!r} is not understood; use 1 or 0 (or unset it)."
-        )
-    if _detected is None:
-        try:
-            _detected = _query_library()
-        except Exception:  # a query failure must not break CPU training
-            _detected = False
-    return _detected
+    return detection()[0]
+
+
+# -- DLPack buffers for mpi4py --------------------------------------------------
+
+_get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_get_pointer.restype = ctypes.c_void_p
+_get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+
+def capsule_device(capsule) -> tuple[int, int]:
+    """(DLPack device type, device id) of a legacy `"dltensor"` capsule."""
+    pointer = _get_pointer(capsule, b"dltensor")
+    # DLManagedTensor starts with DLTensor {void *data; DLDevice device; ...}.
+    offset = ctypes.sizeof(ctypes.c_void_p)
+    device_type = ctypes.c_int32.from_address(pointer + offset).value
+    device_id = ctypes.c_int32.from_address(pointer + offset + 4).value
+    return device_type, device_id
+
+
+class DLPackBuffer:
+    """A DLPack capsule dressed as an array mpi4py accepts as a buffer.
+
+    mpi4py (>= 4) reads `__dlpack_device__` and `__dlpack__` and hands the
+    memory to MPI as it is: host memory for a CPU tensor, device memory for a
+    GPU tensor (which needs a CUDA-aware MPI). The capsule keeps the producer's
+    tensor alive while MPI uses it.
+
+    Args:
+        capsule: A legacy (unversioned) DLPack capsule, e.g. from
+            `tf.experimental.dlpack.to_dlpack`.
+    """
+
+    __slots__ = ("_capsule", "_device")
+
+    def __init__(self, capsule):
+        self._capsule = capsule
+        self._device = capsule_device(capsule)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self._device
+
+    # No **kwargs on purpose: mpi4py first asks for a versioned capsule
+    # (`max_version=`), and a TypeError tells it to take the legacy one.
+    def __dlpack__(self, stream=None):
+        return self._capsule
+
+    @property
+    def on_device(self) -> bool:
+        return self._device[0] != KDL_CPU
+
+
+# -- device arrays handed to the numpy-level collectives -------------------------
 
 
 def is_device_array(x) -> bool:
@@ -93,22 +172,36 @@ def is_device_array(x) -> bool:
     if dev is None:
         return False
     try:
-        return dev()[0] != 1  # 1 == kDLCPU
+        return dev()[0] != KDL_CPU
     except Exception:
         return False
 
 
+_CUPY_HINT = (
+    "keras_mpfp16 reduces GPU arrays given to its numpy-level collectives "
+    "(kmp.allreduce and friends) with CuPy, which is not installed. Install the "
+    "CuPy wheel matching your CUDA (e.g. `pip install cupy-cuda12x`) or pass "
+    "host (numpy) arrays. The DistributedOptimizer's TensorFlow path does not "
+    "need CuPy."
+)
+
+
+def _cupy():
+    try:
+        import cupy
+    except ImportError as exc:
+        raise ImportError(f"{_CUPY_HINT} ({exc})") from exc
+    return cupy
+
+
 def as_cupy(x):
     """Zero-copy CuPy view of a device array."""
-    import cupy
-
+    cupy = _cupy()
     if hasattr(x, "__cuda_array_interface__"):
         return cupy.asarray(x)
     return cupy.from_dlpack(x)
 
 
 def synchronize_device() -> None:
-    """Waits for queued GPU work so MPI reads finished data."""
-    import cupy
-
-    cupy.cuda.get_current_stream().synchronize()
+    """Waits for CuPy's queued GPU work so MPI reads finished data."""
+    _cupy().cuda.get_current_stream().synchronize()

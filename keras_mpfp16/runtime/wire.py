@@ -5,17 +5,30 @@ cross the network but never make MPI do 16-bit arithmetic (Open MPI's float16
 sum runs ~8x slower per byte than float32 and accumulates in float16). Instead
 the reduction is split the way a ring allreduce splits it:
 
-1. `Alltoall` of 16-bit chunks: rank r receives every rank's chunk r.
-2. Rank r sums its chunks in float32, in rank order.
-3. `Allgather` of the 16-bit results.
-
-float16 chunks are additionally scaled by a power of two (see below), so the
-narrow float16 range neither flushes small gradients nor overflows.
+1. `Alltoall` of 16-bit rows: rank r receives every rank's row r.
+2. Rank r (the row's *owner*) sums its rows in float32 and encodes the sum.
+3. `Allgather` of the owners' 16-bit rows.
 
 MPI only moves bytes, accumulation is float32, each output element is
-computed by exactly one rank in a fixed order (so the result is bitwise
-identical on every rank by construction), and the bytes sent per rank equal a
-ring allreduce's at half the width.
+computed by exactly one rank (so the result is bitwise identical on every
+rank by construction), and the bytes sent per rank equal a ring allreduce's
+at half the width.
+
+The row format, shared by this numpy implementation (`allreduce_flat` for
+numpy callers) and the TensorFlow bridge (which encodes and decodes inside the
+train step's graph, so only the owner's sum touches the host):
+
+    [exponent, flags, slot words..., values...]      (uint16 words)
+
+* exponent (int16): float16 rows travel multiplied by 2**exponent, chosen
+  per row so its largest magnitude lands at or below 2**15 -- small gradients
+  are not flushed to zero and large ones do not overflow float16's 65504.
+  bfloat16 has float32's range and travels unscaled (exponent 0).
+* flags: bit 0 set when the row holds a NaN or Inf. Owners always set it
+  for their sum; senders of float16 rows set it for their input.
+* slot words: only in the first bucket's `Alltoall` of a train step: every
+  rank's (epoch, step, ...) as int64 words, so the step check needs no MPI
+  call of its own (every rank receives every rank's slots).
 """
 
 from __future__ import annotations
@@ -23,6 +36,14 @@ from __future__ import annotations
 import numpy as np
 
 WIRE_DTYPES = ("float32", "float16", "bfloat16")
+
+HEADER_WORDS = 2  # exponent, flags
+FLAG_NONFINITE = 1
+FP16_TARGET_EXP = 15
+MAX_SHIFT = 100
+# The smallest float32 magnitude that rounds to infinity in bfloat16
+# (bfloat16's largest finite value plus half a unit in the last place).
+BF16_OVERFLOW = float(np.float32(3.3961514e38))
 
 
 def validate_wire_dtype(wire_dtype: str) -> str:
@@ -45,47 +66,129 @@ def numpy_wire_dtype(wire_dtype: str) -> np.dtype:
 
 def wire_bytes(num_elements: int, wire_dtype: str) -> int:
     """Bytes one rank contributes for `num_elements` gradients in `wire_dtype`."""
-    return num_elements * numpy_wire_dtype(wire_dtype).itemsize
+    return num_elements * wire_itemsize(wire_dtype)
 
 
-# float16 has a narrow range (6e-8 .. 65504). Each chunk therefore travels
-# scaled by its own power of two, chosen so its largest magnitude lands near
-# 2**15: small gradients are not flushed to zero and large ones do not
-# overflow. The exponent rides in one extra 16-bit word at the head of the
-# chunk. bfloat16 has float32's range and needs no scaling.
-_FP16_TARGET_EXP = 15
-_MAX_SHIFT = 100
+def wire_itemsize(wire_dtype: str) -> int:
+    """Bytes per gradient element on the wire (4 or 2)."""
+    return 4 if wire_dtype == "float32" else 2
 
 
-def _chunk_exponents(chunks: np.ndarray) -> np.ndarray:
-    """Per-row power-of-two exponent that brings the row's max near 2**15."""
-    amax = np.max(np.abs(chunks), axis=1)
+def chunk_length(length: int, n: int) -> int:
+    """Elements per row when `length` elements are split over `n` owners."""
+    return -(-length // n)
+
+
+# -- step slots ----------------------------------------------------------------
+
+
+def slot_words(values) -> np.ndarray:
+    """int64 slot values -> the uint16 words that carry them (4 per value)."""
+    return np.ascontiguousarray(np.asarray(values, dtype="<i8")).view("<u2")
+
+
+def slots_from_words(words: np.ndarray) -> np.ndarray:
+    """(ranks, 4*k) uint16 slot words -> (ranks, k) int64 table."""
+    return np.ascontiguousarray(words).view("<i8").astype(np.int64)
+
+
+# float32 slots: a value v >= -1 travels as two integer-valued float32s
+# (v + 1 = hi * 2**24 + lo), exact up to 2**48 and through a float32 sum.
+SLOT_SPLIT = 2**24
+
+
+def float_slots(values) -> np.ndarray:
+    """int64 slot values -> float32 pairs (hi, lo), exact through an Allreduce."""
+    v = np.asarray(values, dtype=np.int64) + 1
+    return np.stack([v // SLOT_SPLIT, v % SLOT_SPLIT], axis=-1).astype(np.float32)
+
+
+def slots_from_floats(pairs: np.ndarray, ranks: int) -> np.ndarray:
+    """Inverse of `float_slots` for a reduced (ranks * k * 2,) float32 tail."""
+    p = np.asarray(pairs, dtype=np.float64).reshape(ranks, -1, 2)
+    return (p[..., 0] * SLOT_SPLIT + p[..., 1]).astype(np.int64) - 1
+
+
+# -- the 16-bit row format (numpy) --------------------------------------------
+
+
+def fp16_exponents(amax: np.ndarray) -> np.ndarray:
+    """Per-row power-of-two exponent that brings the row's max to <= 2**15.
+
+    Read from the float32 bits (exact for powers of two, unlike a floating
+    log2); non-finite or zero rows get 0. The TensorFlow bridge computes the
+    same integers in-graph.
+    """
+    amax = np.ascontiguousarray(amax, dtype=np.float32)
+    bits = amax.view(np.int32)
+    exponent = (bits >> 23) & 0xFF
+    ceil_log2 = exponent - 127 + ((bits & 0x7FFFFF) != 0)
+    shift = np.clip(FP16_TARGET_EXP - ceil_log2, -MAX_SHIFT, MAX_SHIFT)
     ok = np.isfinite(amax) & (amax > 0)
-    exp = np.zeros(chunks.shape[0], dtype=np.int16)
-    exp[ok] = np.clip(
-        _FP16_TARGET_EXP - np.ceil(np.log2(amax[ok])), -_MAX_SHIFT, _MAX_SHIFT
-    ).astype(np.int16)
-    return exp
+    return np.where(ok, shift, 0).astype(np.int32)
 
 
-def _encode(chunks: np.ndarray, wdt: np.dtype, scaled: bool) -> np.ndarray:
-    """float32 rows -> rows of 16-bit words: [exponent, values...]."""
-    out = np.empty((chunks.shape[0], chunks.shape[1] + 1), dtype=np.uint16)
-    exp = _chunk_exponents(chunks) if scaled else np.zeros(chunks.shape[0], np.int16)
-    out[:, 0] = exp.view(np.uint16)
-    out[:, 1:] = (
-        np.ldexp(chunks, exp[:, None].astype(np.int32)).astype(wdt).view(np.uint16)
+def pow2(exponent: np.ndarray) -> np.ndarray:
+    """2.0**exponent as exact float32, for -126 <= exponent <= 127."""
+    return (
+        ((np.asarray(exponent, np.int32) + 127) << 23).astype(np.int32).view(np.float32)
     )
+
+
+def _row_max(rows: np.ndarray) -> np.ndarray:
+    """max |x| per row without a temporary; NaN propagates."""
+    if rows.shape[1] == 0:
+        return np.zeros(rows.shape[0], np.float32)
+    return np.maximum(rows.max(axis=1), -rows.min(axis=1))
+
+
+def encode_rows(
+    rows: np.ndarray, wire_dtype: str, slots: np.ndarray | None = None
+) -> np.ndarray:
+    """float32 rows -> uint16 rows `[exponent, flags, slots..., values...]`."""
+    rows = np.ascontiguousarray(rows, dtype=np.float32)
+    r, c = rows.shape
+    k = 0 if slots is None else len(slots)
+    out = np.zeros((r, HEADER_WORDS + k + c), dtype=np.uint16)
+    amax = _row_max(rows)
+    bad = ~np.isfinite(amax)
+    if wire_dtype == "float16":
+        exp = fp16_exponents(amax)
+        out[:, 0] = exp.astype(np.int16).view(np.uint16)
+        scaled = rows * pow2(exp)[:, None]
+        with np.errstate(over="ignore"):  # only non-finite rows (exponent 0) overflow
+            out[:, HEADER_WORDS + k :] = scaled.astype(np.float16).view(np.uint16)
+    else:
+        bad |= amax >= BF16_OVERFLOW
+        out[:, HEADER_WORDS + k :] = rows.astype(numpy_wire_dtype(wire_dtype)).view(
+            np.uint16
+        )
+    out[:, 1] = np.where(bad, FLAG_NONFINITE, 0)
+    if k:
+        out[:, HEADER_WORDS : HEADER_WORDS + k] = slots
     return out
 
 
-def _decode(words: np.ndarray, wdt: np.dtype) -> np.ndarray:
-    """Inverse of `_encode`, back to float32 rows."""
-    exp = words[:, 0].view(np.int16)
-    values = np.ascontiguousarray(words[:, 1:]).view(wdt).astype(np.float32)
-    if exp.any():
-        values *= np.exp2(-exp.astype(np.float32))[:, None]
-    return values
+def decode_rows(words: np.ndarray, wire_dtype: str, slot_count: int = 0) -> np.ndarray:
+    """Inverse of `encode_rows`: float32 rows (slot words skipped)."""
+    start = HEADER_WORDS + slot_count
+    values = np.ascontiguousarray(words[:, start:]).view(numpy_wire_dtype(wire_dtype))
+    out = values.astype(np.float32)
+    if wire_dtype == "float16":
+        out *= pow2(-words[:, 0].view(np.int16))[:, None]
+    return out
+
+
+def owner_sum(recv: np.ndarray, wire_dtype: str, slot_count: int = 0) -> np.ndarray:
+    """The owner's step: float32 sum of the received rows, in rank order,
+    encoded as one row (with its own exponent and non-finite flag)."""
+    rows = decode_rows(recv, wire_dtype, slot_count)
+    partial = rows[0].copy()
+    for row in rows[1:]:
+        partial += row
+    mine = encode_rows(partial[None, :], wire_dtype)
+    mine[:, 1] |= np.bitwise_or.reduce(recv[:, 1]) & FLAG_NONFINITE
+    return mine
 
 
 def lowp_allreduce_sum(comm, buf: np.ndarray, wire_dtype: str) -> np.ndarray:
@@ -100,18 +203,15 @@ def lowp_allreduce_sum(comm, buf: np.ndarray, wire_dtype: str) -> np.ndarray:
         A new float32 array holding the sum, identical on every rank.
     """
     n = comm.Get_size()
-    wdt = numpy_wire_dtype(wire_dtype)
-    scaled = wire_dtype == "float16"
     length = buf.shape[0]
-    chunk = -(-length // n)  # ceil
+    chunk = chunk_length(length, n)
     padded = np.zeros((n, chunk), dtype=np.float32)
     padded.reshape(-1)[:length] = buf
-    send = _encode(padded, wdt, scaled)
+    send = encode_rows(padded, wire_dtype)
     recv = np.empty_like(send)
     # MPI sees raw 16-bit words: it moves them and never interprets them.
     comm.Alltoall(send, recv)
-    partial = _decode(recv, wdt).sum(axis=0, dtype=np.float32)
-    mine = _encode(partial[None, :], wdt, scaled)
-    gathered = np.empty((n, chunk + 1), dtype=np.uint16)
+    mine = owner_sum(recv, wire_dtype)
+    gathered = np.empty((n, mine.shape[1]), dtype=np.uint16)
     comm.Allgather(mine, gathered)
-    return _decode(gathered, wdt).reshape(-1)[:length]
+    return decode_rows(gathered, wire_dtype).reshape(-1)[:length]

@@ -1,0 +1,230 @@
+"""The in-step gradient reduction on a real MPI job.
+
+Per wire dtype (float32, float16, bfloat16) and per buffer path (host, and
+the DLPack path forced with KERAS_MPFP16_CUDA_AWARE=1, which on a CPU machine
+hands host memory to MPI through DLPack): accuracy against a float64
+reference, bitwise agreement between ranks and between paths, float16 sums
+that would overflow, values float16 would flush, non-finite detection
+(dense and sparse), the step check's errors, and the number of MPI calls a
+Keras train step makes.
+
+Prints one JSON line per rank.
+"""
+
+import collections
+import json
+import os
+import zlib
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import keras_mpfp16 as kmp  # noqa: E402
+from keras_mpfp16 import runtime  # noqa: E402
+from keras_mpfp16.backend import tf_gradients as tg  # noqa: E402
+from keras_mpfp16.runtime import cuda, progress, world  # noqa: E402
+
+runtime.init()
+rank, n = runtime.rank(), runtime.size()
+WIRES = ("float32", "float16", "bfloat16")
+out = {"rank": rank, "size": n}
+
+
+def reduce(values, wire, step=0, bucket_bytes=2**20, sparse=None, op="sum"):
+    """allreduce_gradients inside a tf.function; numpy results and finite."""
+    shapes = [
+        v.dense_shape if isinstance(v, tf.IndexedSlices) else v.shape for v in values
+    ]
+    shapes = [tuple(int(d) for d in s) for s in shapes]
+
+    @tf.function
+    def f(*flat):
+        grads = list(tf.nest.pack_sequence_as(values, flat, expand_composites=True))
+        return tg.allreduce_gradients(
+            grads,
+            shapes=shapes,
+            op=op,
+            wire_dtype=wire,
+            bucket_bytes=bucket_bytes,
+            step=tf.constant(step, tf.int64),
+            sparse=sparse,
+        )
+
+    res, finite = f(*tf.nest.flatten(values, expand_composites=True))
+    return [r.numpy() for r in res], bool(finite)
+
+
+def error_line(exc) -> str:
+    """The library's message out of TensorFlow's wrapping of a step error."""
+    lines = str(exc).splitlines()
+    return next((ln.strip() for ln in lines if "keras_mpfp16:" in ln), lines[0])[:800]
+
+
+def same_on_all_ranks(arrays) -> bool:
+    crc = 0
+    for a in arrays:
+        crc = zlib.crc32(np.ascontiguousarray(a).view(np.uint8).reshape(-1), crc)
+    return len(set(runtime.allgather_object(crc))) == 1
+
+
+def rel_err(got, want) -> float:
+    num = sum(float(np.sum((g - w) ** 2)) for g, w in zip(got, want))
+    den = sum(float(np.sum(w**2)) for w in want)
+    return (num / den) ** 0.5
+
+
+# -- accuracy, agreement, range -------------------------------------------------------
+
+rng = np.random.default_rng(100 + rank)
+shapes = [(300, 7), (1000,), (13,), (64, 33)]
+grads = [
+    (rng.normal(size=s) * 10.0 ** rng.integers(-6, 3)).astype(np.float32)
+    for s in shapes
+]
+truth = [runtime.allreduce(g.astype(np.float64), op="sum") for g in grads]
+ids = np.array([1, 5, 5, 9, 0, 5, 42 + rank], np.int32)
+rows = rng.normal(size=(len(ids), 6)).astype(np.float32)
+emb = tf.IndexedSlices(tf.constant(rows), tf.constant(ids), tf.constant([50, 6]))
+emb_truth = runtime.allreduce(
+    tf.convert_to_tensor(emb).numpy().astype(np.float64), op="sum"
+)
+ones = np.linspace(1.0, 2.0, 513)
+tiny_truth = ones * 3e-9 * sum(range(1, n + 1))
+huge_truth = ones * 40000.0 * sum(range(1, n + 1))  # float16 sums would overflow
+
+results = {}
+for path in ("host", "dlpack"):
+    os.environ[cuda.ENV_OVERRIDE] = "1" if path == "dlpack" else "0"
+    tg._reset_reduction_path()
+    out[f"path_{path}"] = tg.reduction_path()["path"]
+    before = cuda.path_counts["dlpack"]
+    for wire in WIRES:
+        # Small buckets: several MPI calls, the step slots in the first only.
+        got, finite = reduce(grads, wire, bucket_bytes=8000)
+        results[(path, wire)] = got
+        key = f"{path}_{wire}"
+        out[f"{key}_finite"] = finite
+        out[f"{key}_identical"] = same_on_all_ranks(got)
+        out[f"{key}_rel_err"] = rel_err(got, truth)
+        for label, scale, want in (
+            ("tiny", 3e-9, tiny_truth),
+            ("huge", 4e4, huge_truth),
+        ):
+            vals = (ones * scale * (rank + 1)).astype(np.float32)
+            (got_v,), fin = reduce([vals], wire)
+            out[f"{key}_{label}_max_rel_err"] = float(
+                np.max(np.abs(got_v - want) / want)
+            )
+            out[f"{key}_{label}_finite"] = fin
+        # Average folds 1/N into the decode; check it against sum / N.
+        got_avg, _ = reduce(grads[:2], wire, op="average")
+        out[f"{key}_average_rel_err"] = rel_err(got_avg, [t / n for t in truth[:2]])
+        # Sparse rows (float32 on every wire) next to dense gradients.
+        got_s, fin = reduce([grads[0], emb], wire, sparse="sparse")
+        out[f"{key}_sparse_rel_err"] = rel_err(got_s[1:], [emb_truth])
+        out[f"{key}_sparse_identical"] = same_on_all_ranks(got_s)
+        # A NaN on the last rank only: every rank must see finite == False,
+        # from a dense bucket and from sparse rows alike.
+        bad = grads[1].copy()
+        if rank == n - 1:
+            bad[17] = np.nan
+        out[f"{key}_nan_dense_finite"] = reduce([grads[0], bad], wire)[1]
+        bad_rows = rows.copy()
+        if rank == n - 1:
+            bad_rows[2, 3] = np.inf
+        bad_emb = tf.IndexedSlices(tf.constant(bad_rows), emb.indices, emb.dense_shape)
+        out[f"{key}_nan_sparse_finite"] = reduce(
+            [grads[0], bad_emb], wire, sparse="sparse"
+        )[1]
+    out[f"{path}_dlpack_calls"] = cuda.path_counts["dlpack"] - before
+
+for wire in WIRES:
+    out[f"paths_bitwise_equal_{wire}"] = all(
+        np.array_equal(a, b)
+        for a, b in zip(results[("host", wire)], results[("dlpack", wire)])
+    )
+
+# -- the step check, folded into the first bucket ------------------------------------------
+
+for path in ("host", "dlpack"):
+    os.environ[cuda.ENV_OVERRIDE] = "1" if path == "dlpack" else "0"
+    tg._reset_reduction_path()
+    for wire in WIRES:
+        try:
+            reduce(grads[:2], wire, step=10 + (rank == 1))
+            out[f"step_error_{path}_{wire}"] = None
+        except Exception as e:  # raised inside the step, on every rank
+            out[f"step_error_{path}_{wire}"] = error_line(e)
+        progress.set_epoch(rank)
+        try:
+            reduce(grads[:2], wire, step=10)
+            out[f"epoch_error_{path}_{wire}"] = None
+        except Exception as e:
+            out[f"epoch_error_{path}_{wire}"] = error_line(e)
+        progress.set_epoch(-1)
+os.environ[cuda.ENV_OVERRIDE] = "0"
+tg._reset_reduction_path()
+
+# -- MPI calls per Keras train step ---------------------------------------------------------
+
+
+class CountingComm:
+    """Forwards to the library's communicator, counting collective calls."""
+
+    def __init__(self, comm):
+        self._comm = comm
+        self.calls = collections.Counter()
+
+    def __getattr__(self, name):
+        attr = getattr(self._comm, name)
+        if not callable(attr) or name.startswith("Get_"):
+            return attr
+
+        def counted(*args, **kwargs):
+            self.calls[name] += 1
+            return attr(*args, **kwargs)
+
+        return counted
+
+
+def calls_per_step(model, x, y, wire, steps=4, batch=8):
+    model.compile(
+        optimizer=kmp.DistributedOptimizer("sgd", wire_dtype=wire), loss="mse"
+    )
+    model.fit(x, y, batch_size=batch, epochs=1, verbose=0)  # build, sync, trace
+    w = world.world()
+    counting = CountingComm(w.comm)
+    w.comm = counting
+    try:
+        model.fit(x[: steps * batch], y[: steps * batch], batch_size=batch, verbose=0)
+    finally:
+        w.comm = counting._comm
+    return {k: v / steps for k, v in sorted(counting.calls.items())}
+
+
+xr = np.random.default_rng(rank).normal(size=(32, 8)).astype("float32")
+yr = xr[:, :1] * 2.0
+tokens = np.random.default_rng(rank).integers(0, 5000, size=(32, 6))
+for wire in WIRES:
+    keras.utils.set_random_seed(rank)
+    dense_model = keras.Sequential(
+        [keras.Input((8,)), keras.layers.Dense(16), keras.layers.Dense(1)]
+    )
+    out[f"calls_dense_{wire}"] = calls_per_step(dense_model, xr, yr, wire)
+    # An Embedding: one bucket (carrying the row counts) + one allgather.
+    keras.utils.set_random_seed(rank)
+    emb_model = keras.Sequential(
+        [
+            keras.Input((6,), dtype="int32"),
+            keras.layers.Embedding(5000, 8),
+            keras.layers.GlobalAveragePooling1D(),
+            keras.layers.Dense(1),
+        ]
+    )
+    out[f"calls_embedding_{wire}"] = calls_per_step(emb_model, tokens, yr, wire)
+
+runtime.barrier()
+print(json.dumps(out), flush=True)

@@ -1,0 +1,100 @@
+"""The in-step gradient reduction on real `mpirun -np 2` and `-np 3` jobs.
+
+wire_checks.py: 16-bit wires encoded in the graph (accuracy, bitwise agreement
+between ranks, no float16 overflow or flush, non-finite detection), the DLPack
+buffer path (forced on CPU), the step check carried in the first bucket, and
+MPI calls per Keras train step. sparse_fit.py: Embedding gradients reduced by
+allgather equal the dense reduction.
+"""
+
+import pytest
+from mpi_launch import run_mpi
+
+pytestmark = pytest.mark.mpi
+
+WIRES = ("float32", "float16", "bfloat16")
+TOL = {"float32": 1e-6, "float16": 2e-3, "bfloat16": 1e-2}
+
+
+def ok(result):
+    assert result.returncode == 0, result.describe()
+    return result.records()
+
+
+def same_everywhere(recs, keys):
+    return all({k: r[k] for k in keys} == {k: recs[0][k] for k in keys} for r in recs)
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_in_step_reduction_wires_paths_step_check_and_call_counts(np_):
+    recs = ok(run_mpi(np_, "wire_checks.py", timeout=300))
+    assert len(recs) == np_
+    for r in recs:
+        assert r["path_host"] == "host" and r["path_dlpack"] == "device"
+        for path in ("host", "dlpack"):
+            for wire in WIRES:
+                key, tol = f"{path}_{wire}", TOL[wire]
+                assert r[f"{key}_finite"] and r[f"{key}_identical"], key
+                assert r[f"{key}_rel_err"] < tol, (key, r[f"{key}_rel_err"])
+                assert r[f"{key}_average_rel_err"] < tol, key
+                # float16 sums that would overflow, values float16 would flush.
+                for label in ("tiny", "huge"):
+                    assert r[f"{key}_{label}_finite"], (key, label)
+                    assert r[f"{key}_{label}_max_rel_err"] < tol, (key, label, r)
+                # Sparse rows travel as float32 on every wire.
+                assert r[f"{key}_sparse_rel_err"] < 1e-6, key
+                assert r[f"{key}_sparse_identical"], key
+                # One rank's NaN/Inf makes every rank's finite flag False.
+                assert r[f"{key}_nan_dense_finite"] is False, key
+                assert r[f"{key}_nan_sparse_finite"] is False, key
+        # The forced path handed the float32 buckets to MPI through DLPack too.
+        assert r["dlpack_dlpack_calls"] > r["host_dlpack_calls"] > 0
+        for wire in WIRES:
+            assert r[f"paths_bitwise_equal_{wire}"], wire
+            steps = ", ".join(
+                f"rank {i}: train step {11 if i == 1 else 10}" for i in range(np_)
+            )
+            epochs = ", ".join(
+                f"rank {i}: train step 10 (epoch {i})" for i in range(np_)
+            )
+            for path in ("host", "dlpack"):
+                err = r[f"step_error_{path}_{wire}"]
+                assert err and "ranks are out of step" in err, (path, wire, err)
+                assert "their train steps differ" in err and steps in err, err
+                assert "batches" in err
+                err = r[f"epoch_error_{path}_{wire}"]
+                assert err and "different epochs at the same train step" in err, err
+                assert epochs in err and "batches" not in err, err
+        # One gradient call per train step: the step check rides in the bucket.
+        assert r["calls_dense_float32"] == {"Allreduce": 1.0}, r
+        assert r["calls_embedding_float32"] == {"Allgatherv": 1.0, "Allreduce": 1.0}
+        for wire in ("float16", "bfloat16"):
+            assert r[f"calls_dense_{wire}"] == {"Allgather": 1.0, "Alltoall": 1.0}
+            assert r[f"calls_embedding_{wire}"] == {
+                "Allgather": 1.0,
+                "Allgatherv": 1.0,
+                "Alltoall": 1.0,
+            }
+    flags = [k for k in recs[0] if k.endswith(("_identical", "_finite"))]
+    assert same_everywhere(recs, flags)
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_embedding_trained_with_sparse_gradients_equals_dense(np_):
+    recs = ok(run_mpi(np_, "sparse_fit.py", timeout=300))
+    assert len(recs) == np_
+    for policy in ("float32", "mixed_float16"):
+        for r in recs:
+            assert r[f"{policy}_moved"] > 1e-3  # training changed the weights
+            for mode in ("sparse", "auto"):
+                assert r[f"{policy}_{mode}_vs_dense"] < 1e-5, (policy, mode, r)
+                # 6 steps, one allgather each: auto picked the gather here.
+                assert r[f"{policy}_{mode}_allgathers"] == 6
+                for what in ("skipped", "scale"):
+                    assert r[f"{policy}_{mode}_{what}"] == r[f"{policy}_dense_{what}"]
+            assert r[f"{policy}_dense_allgathers"] == 0
+        for mode in ("dense", "sparse", "auto"):
+            assert len({r[f"{policy}_{mode}_digest"] for r in recs}) == 1
+    assert len({r["float16_wire_auto_digest"] for r in recs}) == 1
+    assert all(r["float16_wire_auto_allgathers"] == 6 for r in recs)
+    assert all(r["float16_wire_auto_vs_dense"] < 1e-2 for r in recs)

@@ -1,0 +1,164 @@
+"""The 16-bit wire format, the step slots and DLPack buffers, in one process.
+
+The in-graph encoder (backend/tf_gradients.py) must produce exactly the
+numpy encoder's words (runtime/wire.py): ranks may mix the two (the numpy
+path serves `allreduce_flat`), and both must keep float16 from flushing tiny
+values or overflowing.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_mpfp16.backend import tf_gradients as tg
+from keras_mpfp16.runtime import cuda, wire
+
+
+def sample_rows(rng, rows=9, cols=257):
+    x = rng.normal(size=(rows, cols)) * 10.0 ** rng.integers(-12, 8, size=(rows, 1))
+    x = x.astype(np.float32)
+    x[1] = 0.0  # an all-zero row (padding)
+    x[2, :] = 2.0**7  # an exact power of two: the max must land on 2**15 exactly
+    x[3, 5] = np.nan
+    x[4, 7] = -np.inf
+    # Tiny but normal float32 (TensorFlow flushes float32 subnormals to zero,
+    # so below 1.2e-38 the graph encoder sees zeros where numpy does not).
+    x[5] = rng.normal(size=cols) * 1e-33
+    x[6] = np.linspace(1, 2, cols) * 60000  # near float16's max
+    return x
+
+
+@pytest.mark.parametrize("wire_dtype", ["float16", "bfloat16"])
+def test_graph_encoder_matches_numpy_encoder_bit_for_bit(wire_dtype):
+    rows = sample_rows(np.random.default_rng(0))
+    slots = wire.slot_words([3, 123456789012, 17])
+    want = wire.encode_rows(rows, wire_dtype, slots)
+    got = tg._encode(
+        tf.constant(rows), wire_dtype, flag=True, slots=tf.constant(slots)
+    ).numpy()
+    np.testing.assert_array_equal(got[:, 2:], want[:, 2:])  # exponents, slots, values
+    # Flags: numpy computes them for both wires; the graph too when asked.
+    np.testing.assert_array_equal(got[:, 1], want[:, 1])
+    np.testing.assert_array_equal(got[:, 0], want[:, 0])
+    assert want[3, 1] == want[4, 1] == wire.FLAG_NONFINITE and want[0, 1] == 0
+
+
+@pytest.mark.parametrize("wire_dtype", ["float16", "bfloat16"])
+def test_graph_decoder_matches_numpy_decoder(wire_dtype):
+    rows = sample_rows(np.random.default_rng(1))
+    words = wire.encode_rows(rows, wire_dtype)
+    flat, finite = tg._decode(tf.constant(words), wire_dtype, rows.size - 3, 1.0)
+    want = wire.decode_rows(words, wire_dtype).reshape(-1)[: rows.size - 3]
+    np.testing.assert_array_equal(flat.numpy(), want)
+    assert not bool(finite)  # rows 3 and 4 carry NaN / Inf
+
+
+def test_float16_rows_neither_flush_nor_overflow():
+    tiny = np.full((1, 64), 3e-9, np.float32)  # below float16's smallest subnormal
+    huge = np.full((1, 64), 3e6, np.float32)  # far above float16's max
+    for x in (tiny, huge):
+        words = wire.encode_rows(x, "float16")
+        back = wire.decode_rows(words, "float16")
+        np.testing.assert_allclose(back, x, rtol=1e-3)
+        assert words[0, 1] == 0
+    # A row whose max is an exact power of two lands on 2**15, not above.
+    words = wire.encode_rows(np.full((1, 4), 2.0**-30, np.float32), "float16")
+    assert words[0, 2:].view(np.float16).max() == 2.0**15
+
+
+def test_owner_sum_in_tensorflow_matches_numpy():
+    rng = np.random.default_rng(2)
+    for wire_dtype in ("float16", "bfloat16"):
+        # Three senders' rows for one owner, each with its own exponent.
+        rows = (rng.normal(size=(3, 100)) * [[1e-6], [1.0], [3e4]]).astype(np.float32)
+        recv = wire.encode_rows(rows, wire_dtype, wire.slot_words([1, 2]))
+        want = wire.owner_sum(recv, wire_dtype, slot_count=8)
+        got = tg._owner_sum(tf.constant(recv), wire_dtype, 8).numpy()
+        np.testing.assert_array_equal(got[:, :2], want[:, :2])
+        np.testing.assert_allclose(
+            wire.decode_rows(got, wire_dtype), wire.decode_rows(want, wire_dtype)
+        )
+        # A sender's non-finite flag survives into the owner's row.
+        recv[1, 1] = wire.FLAG_NONFINITE
+        assert tg._owner_sum(tf.constant(recv), wire_dtype, 8).numpy()[0, 1] == 1
+
+
+def test_step_slots_are_exact_for_large_steps():
+    values = np.array([[-1, 0, 2**40 + 3], [7, 2**47 - 1, 0]], np.int64)
+    words = np.stack([wire.slot_words(v) for v in values])
+    np.testing.assert_array_equal(wire.slots_from_words(words), values)
+    pairs = np.stack([wire.float_slots(v).reshape(-1) for v in values]).astype(
+        np.float32
+    )
+    # What an Allreduce does to rank-owned slots: sums with zeros.
+    reduced = pairs.reshape(-1) + np.float32(0.0)
+    np.testing.assert_array_equal(wire.slots_from_floats(reduced, 2), values)
+
+
+def test_step_table_errors_name_what_differs():
+    tg.check_step_table(np.array([[0, 5, 3], [0, 5, 9]]), "x")  # counts may differ
+    with pytest.raises(RuntimeError) as err:
+        tg.check_step_table(np.array([[1, 12], [0, 12]]), "bucket 1/1")
+    text = str(err.value)
+    assert "different epochs at the same train step" in text
+    assert "rank 0: train step 12 (epoch 1), rank 1: train step 12 (epoch 0)" in text
+    assert "batches" not in text and "steps differ" not in text
+    with pytest.raises(RuntimeError) as err:
+        tg.check_step_table(np.array([[-1, 4], [-1, 5], [-1, 4]]), "bucket 1/2")
+    text = str(err.value)
+    assert "train steps differ" in text and "batches" in text
+    assert "rank 1: train step 5" in text and "epoch" not in text.split("—")[1][:60]
+
+
+def test_tensorflow_tensors_reach_mpi_through_dlpack():
+    from mpi4py import MPI
+
+    t = tf.range(6, dtype=tf.float32)
+    buf = cuda.DLPackBuffer(tf.experimental.dlpack.to_dlpack(t))
+    assert buf.__dlpack_device__() == (cuda.KDL_CPU, 0) and not buf.on_device
+    out = tf.raw_ops.Empty(shape=[6], dtype=tf.float32, init=False)
+    MPI.COMM_SELF.Allreduce(
+        buf, cuda.DLPackBuffer(tf.experimental.dlpack.to_dlpack(out))
+    )
+    np.testing.assert_array_equal(out.numpy(), np.arange(6))
+
+
+def test_cuda_query_failure_warns_once_and_stages(monkeypatch):
+    monkeypatch.delenv(cuda.ENV_OVERRIDE, raising=False)
+    monkeypatch.setattr(cuda, "_detected", None)
+
+    def broken():
+        raise OSError("libmpi.so: cannot read symbols")
+
+    monkeypatch.setattr(cuda, "_query_library", broken)
+    with pytest.warns(RuntimeWarning, match="query failed.*cannot read symbols"):
+        assert cuda.cuda_aware() is False
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert cuda.cuda_aware() is False  # said once, not at every call
+    assert "cannot read symbols" in cuda.detection()[1]
+
+
+def test_reduction_path_is_decided_once_and_says_why(monkeypatch):
+    monkeypatch.setattr(tg, "_path", None)
+    monkeypatch.setenv(cuda.ENV_OVERRIDE, "1")
+    path = tg.reduction_path()
+    assert path["path"] == "device" and "KERAS_MPFP16_CUDA_AWARE=1" in path["reason"]
+    monkeypatch.setenv(cuda.ENV_OVERRIDE, "0")
+    assert tg.reduction_path()["path"] == "device"  # decided once
+    tg._reset_reduction_path()
+    assert tg.reduction_path()["path"] == "host"
+    monkeypatch.delenv(cuda.ENV_OVERRIDE)
+    tg._reset_reduction_path()
+    path = tg.reduction_path()
+    assert path["path"] == "host" and path["gpus"] == 0 and path["reason"]
+    tg._reset_reduction_path()
+
+
+def test_sparse_mode_is_validated(monkeypatch):
+    monkeypatch.setenv(tg.SPARSE_ENV, "sometimes")
+    with pytest.raises(ValueError, match="auto, dense, sparse"):
+        tg.sparse_mode()
+    assert tg.sparse_mode("dense") == "dense"
