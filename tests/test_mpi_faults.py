@@ -5,6 +5,7 @@ a timeout; a hang fails the test instead of freezing CI.
 """
 
 import re
+import sys
 import time
 
 import pytest
@@ -149,3 +150,75 @@ def test_crash_during_checkpoint_write_keeps_the_previous_one_and_resume_works(
     assert {x["digest"] for x in r} == {x["digest"] for x in f} and len(
         {x["digest"] for x in f}
     ) == 1
+
+
+# -- runtime-level faults (no model: each job starts in a few seconds) --------
+
+
+def runtime_fault(fault, env=None, timeout=90):
+    return run_mpi(2, "runtime_faults.py", fault, env=env, timeout=timeout)
+
+
+def test_ctrl_c_on_one_rank_ends_the_job_quietly():
+    result = runtime_fault("ctrl-c")
+    assert result.returncode != 0, result.describe()
+    err = result.stderr
+    assert err.count("rank 1 of 2 was interrupted (KeyboardInterrupt)") == 1, (
+        result.describe()
+    )
+    assert "Traceback" not in err, result.describe()
+    assert "DONE rank" not in result.stdout
+
+
+def test_raise_systemexit_on_one_rank_ends_the_job():
+    result = runtime_fault("raise-exit")
+    assert result.returncode != 0, result.describe()
+    err = result.stderr
+    assert "DONE rank" not in result.stdout
+    if sys.version_info >= (3, 12):
+        # The status is read from the exception that left the main module.
+        assert "rank 1 of 2 is exiting with status 3 (SystemExit(3))" in err, (
+            result.describe()
+        )
+    else:
+        # Python < 3.12 does not reveal a raised SystemExit's status; the
+        # inspector ends the job and names the SystemExit, not batches.
+        assert "rank 1 left the script through an uncaught SystemExit" in err, (
+            result.describe()
+        )
+        assert "batches" not in err
+
+
+@pytest.mark.parametrize("fault", ["stop-mid", "stop-after-end"])
+def test_a_frozen_rank_is_declared_unreachable_naming_rank_and_host(fault):
+    # SIGSTOP: the process exists (the launcher sees nothing wrong) but sends
+    # nothing, like a node whose link is cut. Without heartbeats rank 0 waits
+    # forever, in a collective or, having finished, for the others.
+    result = runtime_fault(fault, env={"KERAS_MPFP16_HEARTBEAT_TIMEOUT": "4"})
+    assert result.returncode != 0, result.describe()
+    assert re.search(
+        r"rank 1 \(host [^)]+\) is unreachable: nothing heard for \d+s", result.stderr
+    ), result.describe()
+    # (Rank 1 may print DONE: the launcher sends SIGCONT before it kills.)
+
+
+def test_a_rank_alone_in_a_model_signature_check_is_told_so_not_batches():
+    result = runtime_fault("signature")
+    assert result.returncode != 0, result.describe()
+    err = result.stderr
+    assert "ranks cannot meet" in err, result.describe()
+    assert "waits in collective #3 'model signature check', which rank 0 never" in err
+    assert "batches" not in err
+
+
+def test_below_thread_multiple_the_inspector_stays_off_and_says_so_once():
+    result = runtime_fault("thread-level")
+    assert result.returncode == 0, result.describe()
+    assert (
+        result.stderr.count("the stall inspector and network heartbeats are OFF") == 1
+    )
+    assert "MPI_THREAD_SERIALIZED" in result.stderr
+    assert re.findall(r"rank \d level 2 inspector (\w+)", result.stdout) == [
+        "False",
+        "False",
+    ], result.describe()

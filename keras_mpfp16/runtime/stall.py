@@ -1,27 +1,48 @@
-"""Stall inspector: say which ranks a collective is waiting for, and end hangs.
+"""Stall inspector: say which ranks a collective waits for, and end hangs.
 
 Every collective the library issues is numbered and named on each rank
-(`collective(name)`). A daemon thread on each rank reports to rank 0, over a
-private communicator, when its rank has been waiting in a collective for more
-than a second, and when its rank has finished (at interpreter exit). Rank 0
-watches the reports and
+(`collective(name)`). A daemon thread on each rank talks to rank 0 over a
+private communicator:
 
-* warns, every `timeout` seconds, while some ranks wait for others, naming
-  the ranks that have not arrived and what each rank is doing;
+* it reports when its rank has waited in a collective for more than a second,
+  and when its rank has finished (at interpreter exit);
+* it exchanges heartbeats with rank 0 (every rank with rank 0, both ways), so
+  a rank whose node, process or network link is gone is noticed even though
+  MPI itself would wait for it forever (a cut TCP link sends no reset).
+
+Rank 0 watches the reports and
+
+* warns, every `timeout` seconds, while some ranks wait for others, naming the
+  ranks that have not arrived and what each rank is doing;
 * ends the job with a clear error as soon as ranks provably cannot meet: one
-  rank has finished while others wait in a collective (e.g. one rank had more
-  batches than another), or ranks wait in *different* collectives;
-* optionally aborts a stall that lasts `abort_after` seconds.
+  rank has finished while others wait in a collective, or ranks wait in
+  *different* collectives. The message says what each rank is doing (the
+  collective's name and sequence number) and blames uneven batches only when
+  the ranks' train steps show it;
+* ends the job when a rank has been silent for `heartbeat` seconds, naming
+  the rank and its host; a rank that has not heard from rank 0 for that long
+  leaves by itself, naming rank 0 and its host (the launcher may be
+  unreachable too, so it does not rely on it);
+* optionally aborts a stall (or, on rank 0, a wait for the others at exit)
+  that lasts `abort_after` seconds.
 
-Configuration: `KERAS_MPFP16_STALL_TIMEOUT` (seconds, default 60; 0 turns the
-inspector off) and `KERAS_MPFP16_STALL_ABORT` (seconds, default 0 = never
-abort a mere stall), or `configure()`. Nothing here imports Keras.
+Configuration (environment, read on rank 0 and used by every rank):
+`KERAS_MPFP16_STALL_TIMEOUT` (seconds, default 60; 0 turns the inspector and
+the heartbeats off), `KERAS_MPFP16_STALL_ABORT` (seconds, default 0 = never
+abort a mere stall) and `KERAS_MPFP16_HEARTBEAT_TIMEOUT` (seconds of silence
+after which a rank counts as lost, default 30; 0 turns heartbeats off), or
+`configure()`. The thread calls MPI concurrently with the main thread, so it
+only runs when MPI provides `MPI_THREAD_MULTIPLE` (mpi4py's default); with a
+lower thread level the inspector stays off and rank 0 says so once.
+
+Nothing here imports Keras.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
+import re
 import sys
 import threading
 import time
@@ -29,7 +50,9 @@ from contextlib import contextmanager
 
 TIMEOUT_ENV = "KERAS_MPFP16_STALL_TIMEOUT"
 ABORT_ENV = "KERAS_MPFP16_STALL_ABORT"
+HEARTBEAT_ENV = "KERAS_MPFP16_HEARTBEAT_TIMEOUT"
 DEFAULT_TIMEOUT = 60.0
+DEFAULT_HEARTBEAT = 30.0
 _TAG = 7
 _REPORT_AFTER = 1.0  # seconds of waiting before a rank tells rank 0
 # A conflict (ranks in different collectives, or finished while others wait)
@@ -38,6 +61,9 @@ _REPORT_AFTER = 1.0  # seconds of waiting before a rank tells rank 0
 # "left" message is still in flight.
 _CONFLICT_GRACE = 3.0
 _POLL = 0.2
+# How long a finishing rank waits for its last reports to leave.
+_FLUSH_DEADLINE = 10.0
+_STEP_RE = re.compile(r"train step (-?\d+)")
 
 
 def _env_seconds(name: str, default: float) -> float:
@@ -53,6 +79,12 @@ def _env_seconds(name: str, default: float) -> float:
     return value
 
 
+def train_step_of(name: str) -> int | None:
+    """The train step a collective's name refers to (`'... train step 12'`), if any."""
+    m = _STEP_RE.search(name or "")
+    return int(m.group(1)) if m else None
+
+
 class _Local:
     """What this rank is doing; written by the main thread, read by the watcher."""
 
@@ -61,22 +93,45 @@ class _Local:
         self.name = ""  # name of the current (or last) collective
         self.since: float | None = None  # monotonic time of entry, None when not inside
         self.reported_seq = 0  # last seq reported to rank 0 as waiting
+        self.last_step: int | None = None  # train step of the last train collective
 
 
 class Inspector:
-    """The per-rank watcher. Create with `start()`; one per process."""
+    """The per-rank watcher. Create with `start()`; one per process.
 
-    def __init__(self, comm, timeout: float, abort_after: float):
+    Args:
+        comm: a private mpi4py communicator (every rank's inspector uses it).
+        timeout: seconds between stall warnings.
+        abort_after: end a stall after this many seconds (0 = never).
+        heartbeat: seconds of silence after which a rank is declared lost
+            (0 = no heartbeats).
+        hosts: every rank's host name, in rank order (for messages).
+    """
+
+    def __init__(
+        self,
+        comm,
+        timeout: float,
+        abort_after: float,
+        heartbeat: float = 0.0,
+        hosts: list[str] | None = None,
+    ):
         self.comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         self.timeout = timeout
         self.abort_after = abort_after
+        self.heartbeat = heartbeat
+        self.hosts = list(hosts) if hosts else ["?"] * self.size
         self.local = _Local()
         self._stop = threading.Event()
         self._finished = threading.Event()
-        self._pending = []
-        # rank 0's view: rank -> ("wait", seq, name, waited_since) | ("finished", seq, name)
+        self._finished_at: float | None = None
+        # Outstanding isend requests; only touched under `_send_lock`.
+        self._pending: list = []
+        self._send_lock = threading.Lock()
+        # rank 0's view: rank -> ("wait", seq, name, waited_since, last_step)
+        #                      | ("finished", seq, name, last_step, how)
         self.table: dict[int, tuple] = {}
         self._last_warning = 0.0
         # `table` is written by the main thread and the watcher on rank 0.
@@ -84,9 +139,21 @@ class Inspector:
         # `local`, and the order in which its reports are sent.
         self._state_lock = threading.Lock()
         self._conflict: tuple | None = None  # (signature, first seen) of a conflict
+        now = time.monotonic()
+        # Heartbeats: when we last heard from each peer, when we last beat.
+        self._heard = {r: now for r in range(self.size)}
+        self._last_beat = 0.0
+        self._beat_every = (
+            min(1.0, max(_POLL, heartbeat / 10.0)) if heartbeat else float("inf")
+        )
+        self._failed = False
         self._thread = threading.Thread(
             target=self._run, name="keras_mpfp16-stall", daemon=True
         )
+
+    def where(self, rank: int) -> str:
+        """`'rank 2 (host node3)'`."""
+        return f"rank {rank} (host {self.hosts[rank]})"
 
     # -- main thread ----------------------------------------------------------
 
@@ -97,6 +164,9 @@ class Inspector:
             local.seq += 1
             local.name = name
             local.since = time.monotonic()
+            step = train_step_of(name)
+            if step is not None:
+                local.last_step = step
         try:
             yield
         finally:
@@ -107,20 +177,37 @@ class Inspector:
                 if local.reported_seq == local.seq:
                     self._send(("left", local.seq))
 
-    def finish(self) -> None:
-        """Called at exit: tell rank 0, and on rank 0 wait for everyone."""
+    def finish(self, how: str = "its script ended") -> None:
+        """Called at exit: tell rank 0, and on rank 0 wait for everyone.
+
+        Rank 0 waits while the other ranks are alive (they keep sending
+        heartbeats) and not provably stuck; it gives up when a rank falls
+        silent for the heartbeat timeout, when ranks cannot meet, or after
+        `abort_after` seconds when that is set.
+        """
         if self._finished.is_set():
             return
         self._finished.set()
+        self._finished_at = time.monotonic()
+        with self._state_lock:
+            msg = (
+                "finished",
+                self.local.seq,
+                self.local.name,
+                self.local.last_step,
+                how,
+            )
+            self._send(msg)
         if self.rank != 0:
-            self._send(("finished", self.local.seq, self.local.name))
-            deadline = time.monotonic() + 10.0
-            while self._pending and time.monotonic() < deadline:
-                self._pending = [r for r in self._pending if not r.Test()]
+            deadline = time.monotonic() + _FLUSH_DEADLINE
+            while time.monotonic() < deadline:
+                with self._send_lock:
+                    self._prune()
+                    if not self._pending:
+                        break
                 time.sleep(0.01)
             self._stop.set()
             return
-        self._update(0, ("finished", self.local.seq, self.local.name))
         # Rank 0 leaves only when everyone has finished (MPI_Finalize would
         # wait for them anyway); the watcher aborts if they cannot.
         while self._count_finished() < self.size:
@@ -133,14 +220,23 @@ class Inspector:
         with self._lock:
             return sum(1 for v in self.table.values() if v[0] == "finished")
 
-    # -- watcher thread ---------------------------------------------------------
+    # -- messages -------------------------------------------------------------
+
+    def _prune(self) -> None:
+        """Drops completed sends. Caller holds `_send_lock`."""
+        self._pending = [r for r in self._pending if not r.Test()]
+
+    def _send_to(self, dest: int, msg) -> None:
+        with self._send_lock:
+            self._prune()
+            self._pending.append(self.comm.isend((self.rank, msg), dest=dest, tag=_TAG))
 
     def _send(self, msg) -> None:
+        """A report to rank 0 (applied directly on rank 0)."""
         if self.rank == 0:
             self._update(0, msg)
             return
-        self._pending = [r for r in self._pending if not r.Test()]
-        self._pending.append(self.comm.isend((self.rank, msg), dest=0, tag=_TAG))
+        self._send_to(0, msg)
 
     def _update(self, rank: int, msg) -> None:
         with self._lock:
@@ -159,40 +255,186 @@ class Inspector:
         elif kind == "finished":
             self.table[rank] = msg
 
+    # -- watcher thread -------------------------------------------------------
+
     def _run(self) -> None:
-        while not self._stop.is_set():
-            local = self.local
-            with self._state_lock:
-                since = local.since
-                if (
-                    since is not None
-                    and time.monotonic() - since > _REPORT_AFTER
-                    and local.reported_seq != local.seq
-                ):
-                    local.reported_seq = local.seq
-                    started = time.time() - (time.monotonic() - since)
-                    self._send(("wait", local.seq, local.name, started))
-            if self.rank == 0:
-                self._drain()
-                self._check()
-            time.sleep(_POLL)
+        try:
+            while not self._stop.is_set():
+                self._tick()
+                time.sleep(_POLL)
+        except Exception as exc:  # the watcher must never die silently
+            if not self._stop.is_set():
+                sys.stderr.write(
+                    f"keras_mpfp16: the stall inspector on rank {self.rank} stopped: "
+                    f"{type(exc).__name__}: {exc}\n"
+                )
+
+    def _tick(self) -> None:
+        local = self.local
+        with self._state_lock:
+            since = local.since
+            if (
+                since is not None
+                and time.monotonic() - since > _REPORT_AFTER
+                and local.reported_seq != local.seq
+            ):
+                local.reported_seq = local.seq
+                started = time.time() - (time.monotonic() - since)
+                self._send(("wait", local.seq, local.name, started, local.last_step))
+        self._drain()
+        if self.heartbeat:
+            self._beat()
+            self._check_heartbeats()
+        if self.rank == 0:
+            self._check()
+
+    def _beat(self) -> None:
+        now = time.monotonic()
+        if now - self._last_beat < self._beat_every:
+            return
+        self._last_beat = now
+        if self.rank != 0:
+            self._send_to(0, ("beat",))
+            return
+        with self._lock:
+            done = {r for r, e in self.table.items() if e[0] == "finished"}
+        for r in range(1, self.size):
+            if r not in done:
+                self._send_to(r, ("beat",))
 
     def _drain(self) -> None:
         from mpi4py import MPI
 
-        while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=_TAG):
-            rank, msg = self.comm.recv(source=MPI.ANY_SOURCE, tag=_TAG)
-            self._update(rank, msg)
+        status = MPI.Status()
+        while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=_TAG, status=status):
+            rank, msg = self.comm.recv(source=status.Get_source(), tag=_TAG)
+            self._heard[rank] = time.monotonic()
+            if self.rank == 0 and msg[0] != "beat":
+                self._update(rank, msg)
+
+    def _check_heartbeats(self) -> None:
+        now = time.monotonic()
+        if self.rank != 0:
+            silent = now - self._heard[0]
+            if silent >= self.heartbeat and not self._finished.is_set():
+                self._fail(
+                    f"{self.where(0)} is unreachable from {self.where(self.rank)}: "
+                    f"nothing heard from it for {silent:.0f}s "
+                    f"({HEARTBEAT_ENV}={self.heartbeat:g}). Its node, process or "
+                    "network link failed; MPI would wait for it forever. This rank "
+                    "leaves now.",
+                    local_only=True,
+                )
+            return
+        with self._lock:
+            done = {r for r, e in self.table.items() if e[0] == "finished"}
+        lost = [
+            r
+            for r in range(1, self.size)
+            if r not in done and now - self._heard[r] >= self.heartbeat
+        ]
+        if lost:
+            who = ", ".join(self.where(r) for r in lost)
+            silent = max(now - self._heard[r] for r in lost)
+            with self._lock:
+                snapshot = dict(self.table)
+            self._fail(
+                f"{who} {'is' if len(lost) == 1 else 'are'} unreachable: nothing "
+                f"heard for {silent:.0f}s ({HEARTBEAT_ENV}={self.heartbeat:g}). "
+                "A node, process or network link failed; MPI would wait for "
+                f"{'it' if len(lost) == 1 else 'them'} forever.\n  "
+                + self._everyone(snapshot)
+            )
 
     def _describe(self, rank: int, snapshot: dict) -> str:
         entry = snapshot.get(rank)
+        who = self.where(rank)
+        silent = time.monotonic() - self._heard[rank]
+        if self.heartbeat and rank != self.rank and silent >= self.heartbeat:
+            last = (
+                ""
+                if entry is None
+                else f"; last report: {entry[0]} #{entry[1]} {entry[2]!r}"
+            )
+            return f"{who}: silent for {silent:.0f}s{last}"
         if entry is None:
-            return f"rank {rank}: not in a collective (computing, or stuck outside MPI)"
+            return f"{who}: not in a collective (computing, or stuck outside MPI)"
         if entry[0] == "finished":
-            return f"rank {rank}: finished after {entry[1]} collectives (last: {entry[2]!r})"
+            step = "" if entry[3] is None else f", last train step {entry[3]}"
+            return (
+                f"{who}: finished ({entry[4]}) after {entry[1]} collectives "
+                f"(last: #{entry[1]} {entry[2]!r}{step})"
+            )
         waited = time.time() - entry[3]
+        return f"{who}: waiting {waited:.0f}s in collective #{entry[1]} {entry[2]!r}"
+
+    def _everyone(self, snapshot: dict) -> str:
+        return "\n  ".join(self._describe(r, snapshot) for r in range(self.size))
+
+    def _cause_finished(self, waiting: dict, finished: dict) -> str:
+        """Why ranks that finished and ranks that wait cannot meet."""
+        unknown_exit = [
+            r for r, e in finished.items() if "SystemExit" in str(e[4] or "")
+        ]
+        if unknown_exit:
+            return (
+                f"rank{'s' if len(unknown_exit) > 1 else ''} "
+                f"{', '.join(map(str, sorted(unknown_exit)))} left the script "
+                "through an uncaught SystemExit while the others still need "
+                "them."
+            )
+        w_rank, w = min(waiting.items())
+        f_rank, f = min(finished.items())
+        # The waiting rank's train step: the one its collective belongs to,
+        # else the last one it reduced gradients for.
+        w_step = train_step_of(w[2])
+        if w_step is None:
+            w_step = w[4]
+        f_step = f[3]
+        if w_step is not None and f_step is not None and w_step > f_step:
+            return (
+                f"rank {w_rank} is at train step {w_step} but rank {f_rank} "
+                f"finished after train step {f_step}: rank {w_rank} had more "
+                f"batches (steps) than rank {f_rank}. Shard data with "
+                "keras_mpfp16.shard so every rank runs the same number of steps."
+            )
+        hint = ""
+        if "model signature" in w[2]:
+            hint = (
+                " 'model signature check' runs when a model compiled with "
+                "DistributedOptimizer is built or trained; some ranks did that "
+                "and others did not (for example load_model, fit or evaluate on "
+                "one rank only)."
+            )
         return (
-            f"rank {rank}: waiting {waited:.0f}s in collective #{entry[1]} {entry[2]!r}"
+            f"rank {w_rank} waits in collective #{w[1]} {w[2]!r}, which rank "
+            f"{f_rank} never entered before finishing after {f[1]} collectives "
+            f"(last: {f[2]!r}): the ranks made different keras_mpfp16 calls."
+            f"{hint} Every rank must make the same collective calls in the same "
+            "order."
+        )
+
+    def _cause_different(self, waiting: dict) -> str:
+        """Why ranks waiting in different collectives cannot meet."""
+        steps = {r: train_step_of(e[2]) for r, e in waiting.items()}
+        known = {r: s for r, s in steps.items() if s is not None}
+        if len(known) == len(waiting) and len(set(known.values())) > 1:
+            parts = ", ".join(
+                f"rank {r} at train step {s}" for r, s in sorted(known.items())
+            )
+            return (
+                f"the ranks are at different train steps ({parts}): some ranks "
+                "ran more batches than others. Shard data with "
+                "keras_mpfp16.shard so every rank runs the same number of steps."
+            )
+        parts = "; ".join(
+            f"rank {r} in #{e[1]} {e[2]!r}" for r, e in sorted(waiting.items())
+        )
+        return (
+            f"the ranks wait in different collectives ({parts}): they made "
+            "different keras_mpfp16 calls (for example evaluate, a barrier or a "
+            "callback's collective on some ranks only). Every rank must make the "
+            "same collective calls in the same order."
         )
 
     def _check(self) -> None:
@@ -200,22 +442,23 @@ class Inspector:
             snapshot = dict(self.table)
         waiting = {r: e for r, e in snapshot.items() if e[0] == "wait"}
         finished = {r: e for r, e in snapshot.items() if e[0] == "finished"}
+        self._check_finish_wait(snapshot, finished)
         if not waiting:
+            self._conflict = None
             return
-        everyone = "\n  ".join(self._describe(r, snapshot) for r in range(self.size))
+        everyone = self._everyone(snapshot)
         calls = {(e[1], e[2]) for e in waiting.values()}
         conflict = None
         if finished:
             conflict = (
                 "ranks cannot meet: some ranks finished while others wait in a "
-                "collective. Usually one rank had more batches (steps) than "
-                "another; shard data with keras_mpfp16.shard so every rank runs "
-                f"the same number of steps.\n  {everyone}"
+                f"collective. Cause: {self._cause_finished(waiting, finished)}"
+                f"\n  {everyone}"
             )
         elif len(calls) > 1:
             conflict = (
-                "ranks wait in different collectives, which can never match "
-                f"(their sequences of steps diverged).\n  {everyone}"
+                "ranks wait in different collectives, which can never match. "
+                f"Cause: {self._cause_different(waiting)}\n  {everyone}"
             )
         if conflict is None:
             self._conflict = None
@@ -234,27 +477,83 @@ class Inspector:
         ):
             self._last_warning = time.time()
             missing = [r for r in range(self.size) if r not in waiting]
+            seq, name = min(calls)
             sys.stderr.write(
                 f"keras_mpfp16 stall warning: ranks {sorted(waiting)} have waited "
-                f"{stalled:.0f}s in collective #{next(iter(calls))[0]} "
-                f"{next(iter(calls))[1]!r}; ranks {missing} have not arrived.\n  {everyone}\n"
+                f"{stalled:.0f}s in collective #{seq} {name!r}; ranks {missing} "
+                f"have not arrived.\n  {everyone}\n"
             )
             sys.stderr.flush()
         if self.abort_after and stalled >= self.abort_after:
+            self._fail(f"stalled for {stalled:.0f}s ({ABORT_ENV}).\n  {everyone}")
+
+    def _check_finish_wait(self, snapshot: dict, finished: dict) -> None:
+        """Rank 0 has finished and waits for the others: say so, and bound it."""
+        if self._finished_at is None or len(finished) == self.size:
+            return
+        waited = time.monotonic() - self._finished_at
+        others = [r for r in range(self.size) if r not in finished]
+        if (
+            self.timeout
+            and waited >= self.timeout
+            and time.time() - self._last_warning >= self.timeout
+        ):
+            self._last_warning = time.time()
+            sys.stderr.write(
+                f"keras_mpfp16: rank 0 finished {waited:.0f}s ago and waits for "
+                f"ranks {others} to finish.\n  {self._everyone(snapshot)}\n"
+            )
+            sys.stderr.flush()
+        if self.abort_after and waited >= self.abort_after:
             self._fail(
-                f"stalled for {stalled:.0f}s (KERAS_MPFP16_STALL_ABORT).\n  {everyone}"
+                f"rank 0 finished {waited:.0f}s ago and ranks {others} have not "
+                f"({ABORT_ENV}).\n  {self._everyone(snapshot)}"
             )
 
-    def _fail(self, message: str) -> None:
+    def _fail(self, message: str, local_only: bool = False) -> None:
         from keras_mpfp16.runtime.failure import abort_job
 
-        sys.stderr.write(
-            f"keras_mpfp16 error (rank 0 watching {self.size} ranks): {message}\n"
-        )
+        if self._failed:
+            return
+        self._failed = True
+        if local_only:
+            head = f"keras_mpfp16 error ({self.where(self.rank)})"
+        else:
+            head = f"keras_mpfp16 error (rank 0 on host {self.hosts[0]} watching {self.size} ranks)"
+        sys.stderr.write(f"{head}: {message}\n")
         abort_job(1)
 
 
 _inspector: Inspector | None = None
+_thread_level_warned = False
+
+
+def _thread_level_ok(comm) -> bool:
+    """True when every rank's MPI allows calls from two threads at once."""
+    global _thread_level_warned
+    from mpi4py import MPI
+
+    everyone = comm.allgather(MPI.Query_thread())
+    if all(lv >= MPI.THREAD_MULTIPLE for lv in everyone):
+        return True
+    if comm.Get_rank() == 0 and not _thread_level_warned:
+        names = {
+            MPI.THREAD_SINGLE: "MPI_THREAD_SINGLE",
+            MPI.THREAD_FUNNELED: "MPI_THREAD_FUNNELED",
+            MPI.THREAD_SERIALIZED: "MPI_THREAD_SERIALIZED",
+            MPI.THREAD_MULTIPLE: "MPI_THREAD_MULTIPLE",
+        }
+        low = sorted({r for r, lv in enumerate(everyone) if lv < MPI.THREAD_MULTIPLE})
+        sys.stderr.write(
+            "keras_mpfp16: the stall inspector and network heartbeats are OFF: "
+            f"MPI runs at thread level {names.get(min(everyone), min(everyone))} "
+            f"on ranks {low}, and they call MPI from a second thread, which needs "
+            "MPI_THREAD_MULTIPLE (mpi4py's default: do not lower "
+            "mpi4py.rc.thread_level). Hangs will not be reported or ended.\n"
+        )
+        sys.stderr.flush()
+    _thread_level_warned = True
+    return False
 
 
 def start(comm) -> Inspector | None:
@@ -264,36 +563,68 @@ def start(comm) -> Inspector | None:
         return None
     # Rank 0's settings for everyone: an inspector on some ranks only would
     # leave rank 0 waiting at exit for reports that never come.
-    timeout, abort_after = comm.bcast(
-        (_env_seconds(TIMEOUT_ENV, DEFAULT_TIMEOUT), _env_seconds(ABORT_ENV, 0.0)),
+    timeout, abort_after, heartbeat = comm.bcast(
+        (
+            _env_seconds(TIMEOUT_ENV, DEFAULT_TIMEOUT),
+            _env_seconds(ABORT_ENV, 0.0),
+            _env_seconds(HEARTBEAT_ENV, DEFAULT_HEARTBEAT),
+        ),
         root=0,
     )
     if timeout == 0:
         return None
+    if not _thread_level_ok(comm):
+        return None
+    from mpi4py import MPI
+
+    hosts = comm.allgather(MPI.Get_processor_name())
     if _inspector is not None:
         _inspector.finish()
-    _inspector = Inspector(comm.Dup(), timeout, abort_after)
+    _inspector = Inspector(comm.Dup(), timeout, abort_after, heartbeat, hosts)
     _inspector._thread.start()
-    atexit.register(_inspector.finish)
+    atexit.register(_finish_at_exit, _inspector)
     return _inspector
 
 
-def configure(timeout: float | None = None, abort_after: float | None = None) -> None:
-    """Changes the warning interval and the abort threshold (seconds) at run time.
+def _finish_at_exit(inspector: Inspector) -> None:
+    from keras_mpfp16.runtime.failure import exit_description
+
+    inspector.finish(exit_description())
+
+
+def configure(
+    timeout: float | None = None,
+    abort_after: float | None = None,
+    heartbeat: float | None = None,
+) -> None:
+    """Changes the inspector's settings (seconds) at run time, on this rank.
 
     Args:
         timeout: warn after this many seconds of waiting (> 0).
         abort_after: abort the job after a stall this long (0 = never).
+        heartbeat: declare a rank lost after this many seconds of silence
+            (> 0; call it with the same value on every rank). Heartbeats
+            switched off at start cannot be switched on here.
     """
     if timeout is not None and not timeout > 0:
         raise ValueError(f"timeout must be > 0 seconds; received {timeout!r}.")
     if abort_after is not None and abort_after < 0:
         raise ValueError(f"abort_after must be >= 0 seconds; received {abort_after!r}.")
+    if heartbeat is not None and not heartbeat > 0:
+        raise ValueError(f"heartbeat must be > 0 seconds; received {heartbeat!r}.")
     if _inspector is not None:
         if timeout is not None:
             _inspector.timeout = timeout
         if abort_after is not None:
             _inspector.abort_after = abort_after
+        if heartbeat is not None and _inspector.heartbeat:
+            _inspector.heartbeat = heartbeat
+            _inspector._beat_every = min(1.0, max(_POLL, heartbeat / 10.0))
+
+
+def inspector() -> Inspector | None:
+    """The running inspector of this process, or None."""
+    return _inspector
 
 
 @contextmanager

@@ -1,0 +1,247 @@
+"""The stall inspector's and the failure hooks' logic, without launching MPI jobs.
+
+The multi-process behaviour is tested under mpirun in test_mpi_faults.py and,
+across emulated nodes, in test_cluster.py.
+"""
+
+import threading
+import time
+
+import pytest
+
+from keras_mpfp16.runtime import stall
+
+
+class _FakeComm:
+    def __init__(self, rank=0, size=2):
+        self._rank, self._size = rank, size
+        self.sent = []
+
+    def Get_rank(self):
+        return self._rank
+
+    def Get_size(self):
+        return self._size
+
+    def isend(self, obj, dest, tag):
+        req = _FakeRequest(obj)
+        self.sent.append(req)
+        return req
+
+
+class _FakeRequest:
+    """A send that completes only when the test says so; Test() can block."""
+
+    gate: threading.Event | None = None
+
+    def __init__(self, obj):
+        self.obj = obj
+        self.done = False
+
+    def Test(self):
+        if _FakeRequest.gate is not None:
+            # Hold this thread inside the pruning of `_pending` until another
+            # thread has had the chance to send (or 0.5 s have passed).
+            _FakeRequest.gate.wait(0.5)
+        return self.done
+
+
+def test_pending_sends_are_never_lost_when_two_threads_send():
+    """`_pending` must only change under its lock (issue 14).
+
+    Thread A is held inside the pruning of `_pending` while thread B sends.
+    Without the lock, A then overwrites the list B appended to and B's
+    request (whose buffer MPI may still be reading) is dropped.
+    """
+    insp = stall.Inspector(_FakeComm(rank=1), timeout=60, abort_after=0)
+    insp._send(("wait", 1, "x", 0.0, None))  # one outstanding request to prune
+    _FakeRequest.gate = threading.Event()
+    try:
+        a = threading.Thread(target=insp._send, args=(("left", 1),))
+        a.start()
+        time.sleep(0.1)  # A is now inside Test()
+        b = threading.Thread(target=insp._send, args=(("wait", 2, "y", 0.0, None),))
+        b.start()
+        time.sleep(0.1)
+        _FakeRequest.gate.set()
+        a.join(5)
+        b.join(5)
+    finally:
+        _FakeRequest.gate = None
+    sent = insp.comm.sent
+    assert len(sent) == 3
+    assert set(map(id, insp._pending)) == set(map(id, sent)), (
+        "a pending send was dropped"
+    )
+
+
+def _insp(size=2, **kw):
+    return stall.Inspector(
+        _FakeComm(size=size),
+        timeout=60,
+        abort_after=0,
+        hosts=[f"node{r + 1}" for r in range(size)],
+        **kw,
+    )
+
+
+def _conflict_message(insp, monkeypatch):
+    failures = []
+    monkeypatch.setattr(insp, "_fail", failures.append)
+    clock = [100.0]
+    monkeypatch.setattr(stall.time, "monotonic", lambda: clock[0])
+    insp._check()
+    clock[0] += stall._CONFLICT_GRACE + 0.1
+    insp._check()
+    assert len(failures) == 1
+    return failures[0]
+
+
+def test_finished_vs_model_signature_check_names_that_not_batches(monkeypatch):
+    """Issue 11: a rank waiting in a non-step collective must not be told
+    about batches."""
+    insp = _insp()
+    now = time.time()
+    insp.table = {
+        0: ("finished", 2, "barrier", None, "its script ended"),
+        1: ("wait", 3, "model signature check", now, None),
+    }
+    msg = _conflict_message(insp, monkeypatch)
+    assert "model signature check" in msg
+    assert "batches" not in msg
+    assert "rank 1 (host node2): waiting" in msg
+    assert "rank 0 (host node1): finished (its script ended) after 2" in msg
+
+
+def test_finished_vs_evaluate_collective_names_the_collectives(monkeypatch):
+    insp = _insp()
+    now = time.time()
+    insp.table = {
+        0: (
+            "finished",
+            40,
+            "gradient allreduce, bucket 1/1, train step 11",
+            11,
+            "its script ended",
+        ),
+        1: ("wait", 41, "allreduce (evaluate metrics)", now, 11),
+    }
+    msg = _conflict_message(insp, monkeypatch)
+    assert "'allreduce (evaluate metrics)'" in msg and "never entered" in msg
+    assert "batches" not in msg
+
+
+def test_finished_vs_a_later_train_step_blames_batches(monkeypatch):
+    insp = _insp()
+    now = time.time()
+    insp.table = {
+        0: (
+            "finished",
+            36,
+            "gradient allreduce, bucket 1/1, train step 11",
+            11,
+            "its script ended",
+        ),
+        1: (
+            "wait",
+            37,
+            "step check before gradient allreduce, bucket 1/1, train step 12",
+            now,
+            11,
+        ),
+    }
+    msg = _conflict_message(insp, monkeypatch)
+    assert "rank 1 is at train step 12 but rank 0 finished after train step 11" in msg
+    assert "more batches" in msg
+
+
+def test_unknown_systemexit_is_named_as_the_cause(monkeypatch):
+    insp = _insp()
+    now = time.time()
+    how = "an uncaught SystemExit with a status Python < 3.12 does not reveal"
+    insp.table = {
+        0: ("wait", 9, "gradient allreduce, bucket 1/1, train step 3", now, 3),
+        1: ("finished", 8, "gradient allreduce, bucket 1/1, train step 2", 2, how),
+    }
+    msg = _conflict_message(insp, monkeypatch)
+    assert "rank 1 left the script through an uncaught SystemExit" in msg
+    assert "batches" not in msg
+
+
+def test_different_collectives_with_different_steps_blame_batches(monkeypatch):
+    insp = _insp()
+    now = time.time()
+    insp.table = {
+        0: ("wait", 8, "gradient allreduce, bucket 1/1, train step 5", now, 5),
+        1: ("wait", 8, "gradient allreduce, bucket 1/1, train step 4", now, 4),
+    }
+    msg = _conflict_message(insp, monkeypatch)
+    assert "rank 0 at train step 5, rank 1 at train step 4" in msg
+
+
+def test_different_collectives_by_name_say_which(monkeypatch):
+    insp = _insp()
+    now = time.time()
+    insp.table = {
+        0: ("wait", 8, "barrier", now, None),
+        1: ("wait", 8, "model signature check", now, None),
+    }
+    msg = _conflict_message(insp, monkeypatch)
+    assert "rank 0 in #8 'barrier'; rank 1 in #8 'model signature check'" in msg
+    assert "batches" not in msg
+
+
+def test_a_silent_rank_is_declared_unreachable_with_its_host(monkeypatch):
+    insp = _insp(size=3, heartbeat=5.0)
+    failures = []
+    monkeypatch.setattr(insp, "_fail", lambda m, **kw: failures.append((m, kw)))
+    clock = [1000.0]
+    monkeypatch.setattr(stall.time, "monotonic", lambda: clock[0])
+    insp._heard = {0: 1000.0, 1: 1000.0, 2: 1000.0}
+    clock[0] += 4.0
+    insp._heard[1] = clock[0]
+    insp._check_heartbeats()
+    assert failures == []
+    clock[0] += 1.5  # rank 2 silent for 5.5 s, rank 1 for 1.5 s
+    insp._check_heartbeats()
+    assert len(failures) == 1
+    msg = failures[0][0]
+    assert (
+        "rank 2 (host node3) is unreachable" in msg
+        and "rank 1" not in msg.split("\n")[0]
+    )
+    # A rank that has finished is not expected to beat any more.
+    failures.clear()
+    insp.table[2] = ("finished", 3, "barrier", None, "its script ended")
+    insp._check_heartbeats()
+    assert failures == []
+
+
+def test_rank_0_silence_makes_a_rank_leave_by_itself(monkeypatch):
+    insp = stall.Inspector(
+        _FakeComm(rank=2, size=3), 60, 0, heartbeat=5.0, hosts=["a", "b", "c"]
+    )
+    failures = []
+    monkeypatch.setattr(insp, "_fail", lambda m, **kw: failures.append((m, kw)))
+    clock = [1000.0]
+    monkeypatch.setattr(stall.time, "monotonic", lambda: clock[0])
+    insp._heard = {0: 1000.0, 1: 1000.0, 2: 1000.0}
+    clock[0] += 6.0
+    insp._check_heartbeats()
+    assert len(failures) == 1
+    msg, kw = failures[0]
+    assert "rank 0 (host a) is unreachable from rank 2 (host c)" in msg
+    assert kw == {"local_only": True}
+
+
+def test_heartbeat_setting_is_validated(monkeypatch):
+    with pytest.raises(ValueError, match="heartbeat must be > 0"):
+        stall.configure(heartbeat=0)
+    monkeypatch.setenv(stall.HEARTBEAT_ENV, "-1")
+    with pytest.raises(ValueError, match="KERAS_MPFP16_HEARTBEAT_TIMEOUT must be >= 0"):
+        stall._env_seconds(stall.HEARTBEAT_ENV, 30)
+
+
+def test_train_step_is_read_from_collective_names():
+    assert stall.train_step_of("gradient allreduce, bucket 2/3, train step 17") == 17
+    assert stall.train_step_of("model signature check") is None
