@@ -101,6 +101,14 @@ def test_deterministic_and_seeded():
             r"`chunk_length`: .* Received: chunk_length=2\.5",
         ),
         ({"lanes": True, "chunk_length": 3}, r"`lanes`: .* Received: lanes=True"),
+        (
+            {"lanes": 2, "chunk_length": 3, "shuffle": True, "seed": -1},
+            r"`seed`: expected None or an integer >= 0. Received: seed=-1",
+        ),
+        (
+            {"lanes": 2, "chunk_length": 3, "shuffle": "yes"},
+            r"`shuffle`: expected one of True, False. Received: shuffle='yes'",
+        ),
     ],
 )
 def test_bad_sizes(kwargs, message):

@@ -85,11 +85,13 @@ class LaneBatcher:
     ):
         self.lanes = _validate.positive_int("lanes", lanes)
         self.chunk_length = _validate.positive_int("chunk_length", chunk_length)
+        self.shuffle = _validate.one_of("shuffle", shuffle, (True, False))
+        seed = _validate.non_negative_int("seed", seed, allow_none=True)
         self.sequences = [np.asarray(s) for s in sequences]
         self.targets = None if targets is None else [np.asarray(t) for t in targets]
         self._validate()
         order = np.arange(len(self.sequences))
-        if shuffle:
+        if self.shuffle:
             order = np.random.default_rng(seed).permutation(order)
         self.order = order
         self._schedule = self._build_schedule()
