@@ -245,3 +245,17 @@ def test_heartbeat_setting_is_validated(monkeypatch):
 def test_train_step_is_read_from_collective_names():
     assert stall.train_step_of("gradient allreduce, bucket 2/3, train step 17") == 17
     assert stall.train_step_of("model signature check") is None
+
+
+def test_timeline_records_each_collective_only_while_on():
+    stall.record_timeline(True)
+    with stall.collective("gradient allreduce, bucket 1/1, train step 0"):
+        time.sleep(0.01)
+    events = stall.timeline()
+    stall.record_timeline(False)
+    with stall.collective("barrier"):
+        pass
+    assert [e[0] for e in events] == ["gradient allreduce, bucket 1/1, train step 0"]
+    name, thread, start, end = events[0]
+    assert thread == threading.get_ident() and end - start >= 0.01
+    assert stall.timeline() == []

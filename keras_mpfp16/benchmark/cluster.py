@@ -211,11 +211,13 @@ class Cluster:
         """The ssh stand-in `mpirun` calls as `agent HOST command...`."""
         return self.state_dir / "agent"
 
-    def hosts(self, ranks_per_node: int = 1) -> str:
-        """The `--host` value: `kmpnode1:1,kmpnode2:1,...`."""
-        return ",".join(
-            f"{self.node(k)}:{ranks_per_node}" for k in range(1, self.nodes + 1)
-        )
+    def hosts(self, ranks_per_node: int = 1, nodes: int | None = None) -> str:
+        """The `--host` value for the first `nodes` nodes (default all):
+        `kmpnode1:1,kmpnode2:1,...`."""
+        count = self.nodes if nodes is None else nodes
+        if not 1 <= count <= self.nodes:
+            raise ValueError(f"nodes must be in [1, {self.nodes}]; received {nodes!r}.")
+        return ",".join(f"{self.node(k)}:{ranks_per_node}" for k in range(1, count + 1))
 
     def mpirun_flags(self) -> list[str]:
         """Flags that make Open MPI launch through the agent and use the links."""
@@ -243,8 +245,11 @@ class Cluster:
         ranks_per_node: int = 1,
         mpirun: str | None = None,
         extra: list[str] | None = None,
+        nodes: int | None = None,
     ) -> list[str]:
-        """A full `mpirun` command running `argv` with `ranks_per_node` per node."""
+        """A full `mpirun` command running `argv` with `ranks_per_node` per node
+        on the first `nodes` nodes (default all); `extra` flags go before
+        `argv`."""
         if mpirun is None:
             local = Path(sys.executable).parent / "mpirun"
             mpirun = str(local) if local.exists() else (shutil.which("mpirun") or "")
@@ -253,9 +258,9 @@ class Cluster:
         return [
             mpirun,
             "-np",
-            str(self.nodes * ranks_per_node),
+            str((self.nodes if nodes is None else nodes) * ranks_per_node),
             "--host",
-            self.hosts(ranks_per_node),
+            self.hosts(ranks_per_node, nodes),
             *self.mpirun_flags(),
             *(extra or []),
             *argv,

@@ -627,11 +627,38 @@ def inspector() -> Inspector | None:
     return _inspector
 
 
+# Optional timeline of collectives: (name, thread id, start, end) in
+# time.perf_counter() seconds; None when not recording.
+_timeline: list | None = None
+
+
+def record_timeline(on: bool = True) -> None:
+    """Starts (clearing it) or stops recording when each collective runs.
+
+    For measuring where a step's time goes (see `timeline()`); off by
+    default, and costs one list append per collective when on.
+    """
+    global _timeline
+    _timeline = [] if on else None
+
+
+def timeline() -> list[tuple[str, int, float, float]]:
+    """The recorded collectives: `(name, thread id, start, end)`, in
+    `time.perf_counter()` seconds, in the order they ended."""
+    return list(_timeline or [])
+
+
 @contextmanager
 def collective(name: str):
     """Marks the enclosed MPI call as collective `name` for the inspector."""
-    if _inspector is None:
-        yield
-        return
-    with _inspector.collective(name):
-        yield
+    record = _timeline
+    start = time.perf_counter() if record is not None else 0.0
+    try:
+        if _inspector is None:
+            yield
+        else:
+            with _inspector.collective(name):
+                yield
+    finally:
+        if record is not None:
+            record.append((name, threading.get_ident(), start, time.perf_counter()))

@@ -1,0 +1,201 @@
+"""Multi-node benchmarks on an emulated cluster (root; Linux network namespaces).
+
+    python examples/benchmarks/cluster_bench.py --suite main \
+        --out docs/benchmarks/cluster_main.json
+
+Suites (each runs cluster_worker.py jobs, one rank per emulated node; every
+job measures its configurations in interleaved rounds and reports medians;
+ratios are medians of per-round ratios):
+
+  link     cluster_linkprobe.py at every node count and rate: alpha, beta and
+           Open MPI's allreduce times (input of cluster_scaling.py)
+  main     FACTS model and the 25M-parameter dense model at 2, 3, 4 nodes and
+           10 / 1 Gbit/s: compute-only, communication-only and step time for
+           float32 / float16 / bfloat16 wires and bucket sizes
+  overlap  dense model, 2 nodes, both rates: one vs two inter-op threads per
+           rank, and two with Open MPI yielding while it waits
+  sparse   IMDB-shaped model, 1 Gbit/s, 2 and 4 nodes: Embedding gradients
+           densified vs gathered as rows
+
+Node K is pinned to core (K-1) % cores; with 3 or 4 nodes on a 2-core machine
+two nodes share a core, so compute-bound figures at N > cores are
+oversubscribed (the JSON records the core count).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1] / "tests"))
+
+from mpi_launch import mpi_env  # noqa: E402
+
+from keras_mpfp16.benchmark.cluster import Cluster  # noqa: E402
+
+WORKER = HERE / "cluster_worker.py"
+PROBE = HERE / "cluster_linkprobe.py"
+MAIN_CONFIGS = {
+    "facts": "compute,f32,f16,bf16,comm_f32,comm_f16,comm_bf16",
+    "dense": "compute,f32,f16,bf16,f32_1b,f32_4mb,comm_f32,comm_f16,comm_bf16",
+}
+
+
+def run_job(cluster, nodes, argv, env=None, timeout=3600):
+    tmp = Path(f"/tmp/kmp_cluster_job_{os.getpid()}.json")
+    tmp.unlink(missing_ok=True)
+    cmd = cluster.mpirun_command(
+        [sys.executable, *map(str, argv), "--out", str(tmp)], nodes=nodes
+    )
+    t0 = time.time()
+    res = subprocess.run(
+        cmd, capture_output=True, text=True, env=mpi_env(env or {}), timeout=timeout
+    )
+    lines = [x for x in res.stdout.splitlines() if "round" in x or x.startswith(" ")]
+    print("\n".join(lines[-12:]), flush=True)
+    if res.returncode != 0 or not tmp.exists():
+        raise RuntimeError(
+            f"job failed ({res.returncode}): {' '.join(cmd)}\n{res.stderr[-4000:]}"
+        )
+    out = json.loads(tmp.read_text())
+    out["job_seconds"] = time.time() - t0
+    return out
+
+
+def ratios(raw, num, den):
+    return statistics.median(a / b for a, b in zip(raw[num], raw[den]))
+
+
+def summarize(job):
+    """Per-round ratios of one worker job (medians)."""
+    raw = job["seconds_per_step"]
+    s = {}
+    for c in raw:
+        if c in ("compute",) or c.startswith("comm_"):
+            continue
+        if "compute" in raw:
+            s[f"{c}/compute"] = ratios(raw, c, "compute")
+        comm = f"comm_{c}" if f"comm_{c}" in raw else "comm_f32"
+        if comm in raw and "compute" in raw:
+            rounds = zip(raw[c], raw["compute"], raw[comm])
+            s[f"{c}/max(compute,comm)"] = statistics.median(
+                t / max(a, b) for t, a, b in rounds
+            )
+            rounds = zip(raw[c], raw["compute"], raw[comm])
+            s[f"{c}/(compute+comm)"] = statistics.median(
+                t / (a + b) for t, a, b in rounds
+            )
+    for w in ("f16", "bf16"):
+        if w in raw and "f32" in raw:
+            s[f"{w}/f32 step"] = ratios(raw, w, "f32")
+        if f"comm_{w}" in raw and "comm_f32" in raw:
+            s[f"{w}/f32 comm"] = ratios(raw, f"comm_{w}", "comm_f32")
+    if "sparse" in raw and "dense" in raw:
+        s["dense/sparse step"] = ratios(raw, "dense", "sparse")
+    if "comm_sparse" in raw and "comm_dense" in raw:
+        s["dense/sparse comm"] = ratios(raw, "comm_dense", "comm_sparse")
+    return s
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument(
+        "--suite", required=True, choices=["link", "main", "overlap", "sparse"]
+    )
+    p.add_argument("--nodes", default=None, help="comma-separated node counts")
+    p.add_argument("--rates", default="10gbit,1gbit")
+    p.add_argument("--models", default="facts,dense")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    default_nodes = {"link": "2,3,4", "main": "2,3,4", "overlap": "2", "sparse": "2,4"}
+    nodes = [int(k) for k in (args.nodes or default_nodes[args.suite]).split(",")]
+    rates = args.rates.split(",") if args.suite != "sparse" else ["1gbit"]
+    cluster = Cluster(max(nodes), rates[0])
+    cluster.up()
+    results = {
+        "suite": args.suite,
+        "when": time.strftime("%Y-%m-%d %H:%M"),
+        "cores": os.cpu_count(),
+        "command": "python " + " ".join(sys.argv),
+        "jobs": [],
+    }
+    out = Path(args.out)
+
+    def save():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(results, indent=1))
+
+    try:
+        for rate in rates:
+            cluster.set_rate(rate)
+            for n in nodes:
+                jobs = []
+                if args.suite == "link":
+                    jobs.append(({}, [PROBE], "link"))
+                elif args.suite == "main":
+                    for model in args.models.split(","):
+                        argv = [
+                            WORKER,
+                            "--model",
+                            model,
+                            "--configs",
+                            MAIN_CONFIGS[model],
+                        ]
+                        jobs.append(({}, argv, model))
+                elif args.suite == "overlap":
+                    argv = [
+                        WORKER,
+                        "--model",
+                        "dense",
+                        "--configs",
+                        "compute,f32,f32_1b,comm_f32",
+                    ]
+                    jobs.append(({"KERAS_MPFP16_THREADS": "1,1"}, argv, "inter1"))
+                    jobs.append(({"KERAS_MPFP16_THREADS": "1,2"}, argv, "inter2"))
+                    jobs.append(
+                        (
+                            {
+                                "KERAS_MPFP16_THREADS": "1,2",
+                                "OMPI_MCA_mpi_yield_when_idle": "1",
+                            },
+                            argv,
+                            "inter2_yield",
+                        )
+                    )
+                else:
+                    argv = [
+                        WORKER,
+                        "--model",
+                        "imdb",
+                        "--configs",
+                        "compute,dense,sparse,comm_dense,comm_sparse",
+                    ]
+                    jobs.append(({}, argv, "imdb"))
+                for env, argv, name in jobs:
+                    label = f"{name} {n} nodes {rate}"
+                    print(f"== {label}", flush=True)
+                    extra = (
+                        [] if args.suite == "link" else ["--rounds", str(args.rounds)]
+                    )
+                    extra += [] if args.suite == "link" else ["--label", label]
+                    job = run_job(cluster, n, [*argv, *extra], env=env)
+                    job.update(name=name, nodes=n, rate=rate)
+                    if args.suite != "link":
+                        job["ratios"] = summarize(job)
+                        print(json.dumps(job["ratios"], indent=1), flush=True)
+                    results["jobs"].append(job)
+                    save()
+    finally:
+        cluster.down()
+    save()
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,286 @@
+"""One mpirun job of the cluster benchmark: several configurations of one
+model, measured in interleaved rounds inside the job (run by cluster_bench.py
+on emulated nodes; it also runs under a plain `mpirun` anywhere).
+
+    mpirun -np N ... python examples/benchmarks/cluster_worker.py \
+        --model dense --configs compute,f32,f16,comm_f32 --rounds 5 --out r.json
+
+Models (per-rank batch):
+  facts  Input(128, 16) -> LSTM(128, seq) -> LSTM(128) -> Dense(1), Adam, 64
+  dense  Input(2048) -> Dense(4096) -> Dense(4096) -> Dense(1), SGD, 32
+         (25,178,113 parameters: communication-heavy)
+  imdb   Embedding(20000, 128) -> LSTM(32) -> Dense(1), Adam, 32 x 200 tokens
+
+Configurations:
+  compute        the bare optimizer: every rank trains its own replica, no
+                 gradient communication (all ranks compute at once, as in
+                 the distributed step)
+  f32 f16 bf16   DistributedOptimizer with that wire, 25 MB buckets
+  f32_1b         float32 wire, one bucket (reduction after the whole backward)
+  f32_4mb        float32 wire, 4 MB buckets
+  dense sparse   (imdb) Embedding gradients densified / gathered as rows
+                 (KERAS_MPFP16_SPARSE_GRADIENTS when the step is traced)
+  comm_<x>       the in-step reduction path alone, on this model's gradient
+                 shapes (`bridge.allreduce_gradients` in a tf.function): the
+                 communication-only time of configuration <x>
+
+Every figure is seconds per step (the slowest rank's), one per round; rank 0
+prints each round and writes JSON with --out. Training configurations also
+record, from the stall inspector's timeline, the seconds per step spent
+inside gradient collectives (`in_collectives`).
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import keras_mpfp16 as kmp  # noqa: E402
+from keras_mpfp16 import runtime  # noqa: E402
+from keras_mpfp16.backend import bridge  # noqa: E402
+from keras_mpfp16.runtime import stall  # noqa: E402
+
+SPARSE_ENV = "KERAS_MPFP16_SPARSE_GRADIENTS"
+WIRES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}
+BUCKET_MB = 25.0
+
+
+def build(model: str):
+    keras.utils.set_random_seed(0)
+    if model == "facts":
+        m = keras.Sequential(
+            [
+                keras.Input((128, 16)),
+                keras.layers.LSTM(128, return_sequences=True),
+                keras.layers.LSTM(128),
+                keras.layers.Dense(1, activation="sigmoid", dtype="float32"),
+            ]
+        )
+        return m, keras.optimizers.Adam(1e-3), 64
+    if model == "dense":
+        m = keras.Sequential(
+            [
+                keras.Input((2048,)),
+                keras.layers.Dense(4096, activation="relu"),
+                keras.layers.Dense(4096, activation="relu"),
+                keras.layers.Dense(1, activation="sigmoid", dtype="float32"),
+            ]
+        )
+        return m, keras.optimizers.SGD(0.01), 32
+    if model == "imdb":
+        m = keras.Sequential(
+            [
+                keras.Input((200,), dtype="int32"),
+                keras.layers.Embedding(20000, 128),
+                keras.layers.LSTM(32),
+                keras.layers.Dense(1, activation="sigmoid", dtype="float32"),
+            ]
+        )
+        return m, keras.optimizers.Adam(1e-3), 32
+    raise ValueError(f"unknown model {model!r}; allowed: facts, dense, imdb")
+
+
+def data(model: str, samples: int, seed: int):
+    rng = np.random.default_rng(seed)
+    y = (rng.random((samples, 1)) > 0.5).astype("float32")
+    if model == "facts":
+        return rng.normal(size=(samples, 128, 16)).astype("float32"), y
+    if model == "dense":
+        return rng.normal(size=(samples, 2048)).astype("float32"), y
+    return rng.integers(0, 20000, size=(samples, 200)).astype("int32"), y
+
+
+class Timer(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.stamps = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.stamps.append(time.perf_counter())
+
+
+def slowest(seconds: float) -> float:
+    return float(runtime.allreduce(np.float64(seconds), op="max"))
+
+
+class Training:
+    """A compiled model for one configuration; `measure()` = s/step."""
+
+    def __init__(self, model, config, x, y, steps):
+        self.x, self.y, self.steps = x, y, steps
+        net, opt, self.batch = build(model)
+        self.sparse = None
+        if config != "compute":
+            wire, bucket = "float32", BUCKET_MB
+            if config in WIRES:
+                wire = WIRES[config]
+            elif config == "f32_1b":
+                bucket = 4096.0
+            elif config == "f32_4mb":
+                bucket = 4.0
+            elif config in ("dense", "sparse"):
+                self.sparse = "dense" if config == "dense" else "auto"
+            else:
+                raise ValueError(f"unknown configuration {config!r}")
+            opt = kmp.DistributedOptimizer(opt, wire_dtype=wire, bucket_size_mb=bucket)
+        net.compile(optimizer=opt, loss="binary_crossentropy", jit_compile=False)
+        self.net = net
+        self.params = int(sum(np.prod(w.shape) for w in net.trainable_weights))
+        self.run(2)  # trace and warm up
+
+    def run(self, steps):
+        if self.sparse is not None:
+            os.environ[SPARSE_ENV] = self.sparse  # read when the step is traced
+        timer = Timer()
+        stall.record_timeline(True)
+        n = self.batch * steps
+        self.net.fit(
+            self.x[:n],
+            self.y[:n],
+            batch_size=self.batch,
+            epochs=1,
+            shuffle=False,
+            verbose=0,
+            callbacks=[timer],
+        )
+        events = stall.timeline()
+        stall.record_timeline(False)
+        os.environ.pop(SPARSE_ENV, None)
+        return timer.stamps, events
+
+    def measure(self):
+        stamps, events = self.run(self.steps)
+        # Skip the first step (input pipeline start-up).
+        t0, t1 = stamps[0], stamps[-1]
+        per_step = (t1 - t0) / (len(stamps) - 1)
+        inside = sum(
+            e - s
+            for name, _, s, e in events
+            if "gradient" in name and s >= t0 and e <= t1
+        ) / (len(stamps) - 1)
+        return slowest(per_step), slowest(inside)
+
+
+class CommOnly:
+    """The reduction path alone on the model's gradient shapes."""
+
+    def __init__(self, model, config, calls):
+        net, _, batch = build(model)
+        self.calls = calls
+        base = config.removeprefix("comm_")
+        wire = WIRES.get(base, "float32")
+        sparse = {"dense": "dense", "sparse": "auto"}.get(base)
+        rng = np.random.default_rng(runtime.rank())
+        shapes = [tuple(v.shape) for v in net.trainable_weights]
+        grads = []
+        for v, shape in zip(net.trainable_weights, shapes):
+            if model == "imdb" and "embedding" in v.path:
+                idx = rng.integers(0, shape[0], size=batch * 200).astype("int64")
+                vals = rng.normal(size=(idx.size, shape[1])).astype("float32")
+                grads.append((tf.constant(vals), tf.constant(idx), shape))
+            else:
+                grads.append(tf.constant(rng.normal(size=shape).astype("float32")))
+
+        br = bridge()
+
+        @tf.function
+        def reduce():
+            gs = [
+                tf.IndexedSlices(g[0], g[1], tf.constant(g[2], tf.int64))
+                if isinstance(g, tuple)
+                else g
+                for g in grads
+            ]
+            out, finite = br.allreduce_gradients(
+                gs,
+                shapes=shapes,
+                op="average",
+                wire_dtype=wire,
+                bucket_bytes=int(BUCKET_MB * 2**20),
+                step=tf.constant(0, tf.int64),
+                sparse=sparse,
+            )
+            return tf.add_n([tf.reduce_sum(o[:1]) for o in out]), finite
+
+        self.fn = reduce
+        self.fn()  # trace, connect
+
+    def measure(self):
+        runtime.barrier()
+        t0 = time.perf_counter()
+        for _ in range(self.calls):
+            total, _ = self.fn()
+            total.numpy()
+        return slowest((time.perf_counter() - t0) / self.calls), None
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", required=True, choices=["facts", "dense", "imdb"])
+    p.add_argument("--configs", required=True)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--steps", type=int, default=None, help="timed steps per fit")
+    p.add_argument("--label", default="")
+    p.add_argument("--out")
+    args = p.parse_args()
+    configs = args.configs.split(",")
+    steps = args.steps or {"facts": 16, "dense": 6, "imdb": 12}[args.model]
+    rank, n = runtime.rank(), runtime.size()
+    _, _, batch = build(args.model)
+    x, y = data(args.model, batch * (steps + 1), seed=rank)
+    runners = {}
+    for c in configs:
+        if c.startswith("comm_"):
+            runners[c] = CommOnly(args.model, c, calls=max(3, steps // 2))
+        else:
+            runners[c] = Training(args.model, c, x, y, steps + 1)
+    params = next((r.params for r in runners.values() if isinstance(r, Training)), None)
+    raw = {c: [] for c in configs}
+    inside = {c: [] for c in configs if not c.startswith("comm_") and c != "compute"}
+    for r in range(args.rounds):
+        order = configs if r % 2 == 0 else configs[::-1]  # A B C, C B A, ...
+        for c in order:
+            seconds, ins = runners[c].measure()
+            raw[c].append(seconds)
+            if c in inside:
+                inside[c].append(ins)
+        if rank == 0:
+            print(
+                f"{args.label} round {r + 1}: "
+                + "  ".join(f"{c}={raw[c][-1] * 1e3:.0f}ms" for c in configs),
+                flush=True,
+            )
+    if rank == 0:
+        result = {
+            "when": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "label": args.label,
+            "model": args.model,
+            "params": params,
+            "ranks": n,
+            "hosts": runtime.allgather_object(platform.node()),
+            "threads": os.environ.get("KERAS_MPFP16_THREADS", "default"),
+            "yield_when_idle": os.environ.get("OMPI_MCA_mpi_yield_when_idle", ""),
+            "rounds": args.rounds,
+            "steps": steps,
+            "seconds_per_step": raw,
+            "median": {c: statistics.median(v) for c, v in raw.items()},
+            "in_collectives_per_step": inside,
+        }
+        print(json.dumps(result["median"]), flush=True)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(result, f, indent=1)
+    else:
+        runtime.allgather_object(platform.node())
+
+
+if __name__ == "__main__":
+    main()
