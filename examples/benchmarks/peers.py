@@ -26,6 +26,11 @@ Printed per policy: the median over rounds of per-round ratios
   ours2 / (2 x pinned)    scaling efficiency
   ours2 / plain
 and every raw samples/s figure, so the machine's 2x speed modes are visible.
+
+On a shared machine: during every run the share of the CPU that *other*
+processes used is measured (interleave.OthersCPU) and recorded; a round in
+which it exceeded --max-others in any run is measured again, up to --retries
+times (then the last attempt is kept, with its share on record).
 Requires `pip install tf-keras==<your TF version> --no-deps` for the MWMS peer
 (skipped with a note when tf_keras is missing).
 """
@@ -142,6 +147,14 @@ def main():
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--policies", default="float32,mixed_bfloat16,mixed_float16")
+    p.add_argument(
+        "--max-others",
+        type=float,
+        default=0.1,
+        help="measure a round again when other processes used more than this "
+        "share of the machine's CPU during one of its runs (1 = never)",
+    )
+    p.add_argument("--retries", type=int, default=3, help="at most, per round")
     p.add_argument("--out")
     args = p.parse_args()
     try:
@@ -157,15 +170,21 @@ def main():
         "cpus": os.cpu_count(),
         "rounds": args.rounds,
         "steps": args.steps,
+        "max_others": args.max_others,
+        "retries": args.retries,
         "configs": configs,
         "policies": {},
     }
     for policy in args.policies.split(","):
+        contention = {}
         raw = run_rounds(
             configs,
             lambda c, pol=policy: run_config(c, pol, args.steps)["samples_per_s"],
             args.rounds,
             label=f"{policy} ",
+            max_others=args.max_others,
+            retries=args.retries,
+            contention=contention,
         )
         ratios = {
             "ours2_over_2x_pinned (scaling efficiency)": [
@@ -187,6 +206,8 @@ def main():
             "samples_per_s": raw,
             "ratios": ratios,
             "median_ratios": med,
+            "others_cpu_share": {c: contention[c] for c in configs},
+            "repeated_rounds": contention["repeated_rounds"],
         }
         print(
             f"== {policy}: " + "  ".join(f"{k}={v:.3f}" for k, v in med.items()),

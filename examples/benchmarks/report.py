@@ -1,139 +1,292 @@
-"""Markdown tables for docs/benchmarks.md from the benchmark JSON files.
+"""Every table of figures in docs/, written from the JSON files that hold them.
 
-    python examples/benchmarks/report.py docs/benchmarks > /tmp/tables.md
+    python examples/benchmarks/report.py docs/benchmarks           # rewrite the tables in place
+    python examples/benchmarks/report.py docs/benchmarks --check   # exit 1 where a page and its JSON disagree
+    python examples/benchmarks/report.py docs/benchmarks --print   # print every table
 
-Prints whichever sections have results; every number comes from the files.
+A table lives in a page between two markers,
+
+    <!-- table:NAME -->
+    ...generated Markdown...
+    <!-- /table -->
+
+and NAME is one of `TABLES` below, a function of the JSON folder. Rewriting
+replaces what is between the markers and nothing else. Figures quoted in the
+prose around the tables are listed in `PROSE`: each entry builds the exact
+phrase from the JSON, and the page must contain it (whitespace and line
+breaks aside). `--check` does both without writing and prints what differs;
+tests/test_docs_tables.py runs it in CI.
 """
 
+from __future__ import annotations
+
+import argparse
+import difflib
 import json
+import math
+import re
+import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
+TABLES: dict[str, Callable[[Path], str]] = {}
+RUN_ALL = Path(__file__).resolve().parent / "run_all.sh"
+MARKER = re.compile(
+    r"(<!-- table:(?P<name>[\w.-]+) -->\n)(?P<body>.*?)(\n<!-- /table -->)", re.S
+)
 
-def load(folder, name):
-    p = folder / name
-    return json.loads(p.read_text()) if p.exists() else None
+
+def table(name):
+    def register(fn):
+        TABLES[name] = fn
+        return fn
+
+    return register
 
 
-def fmt_list(xs, f="{:.0f}"):
+def load(folder: Path, name: str) -> dict:
+    path = folder / name
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing (a docs table is built from it)")
+    return json.loads(path.read_text())
+
+
+def md(header, rows) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def fmt_list(xs, f="{:.0f}") -> str:
     return ", ".join(f.format(x) for x in xs)
 
 
+def minus(text: str) -> str:
+    """A typographic minus sign, as the prose uses."""
+    return text.replace("-", "−")
+
+
+def signed(x: float, f: str = "{:+.1f}") -> str:
+    return minus(f.format(x))
+
+
+def pm(mean: float, std: float, f: str = "{:.2f}") -> str:
+    return f"{f.format(mean)} ± {f.format(std)}"
+
+
+def span(xs, f="{:.2f}") -> str:
+    lo, hi = f.format(min(xs)), f.format(max(xs))
+    return lo if lo == hi else f"{lo}–{hi}"
+
+
+def mean_std(xs):
+    xs = [x for x in xs if x is not None and math.isfinite(x)]
+    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else math.nan)
+
+
+# -- docs/benchmarks.md ------------------------------------------------------------
+
+PEER_POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")
+PEER_CONFIGS = {
+    "plain": "plain Keras, one process, TF default threads",
+    "pinned": "plain Keras, one process on one core",
+    "ours2": "ours, np=2, one core and one thread per rank (library default)",
+    "mwms2_bound": "MWMS, 2 workers, one core and one thread per worker",
+    "ours2_tfdef": "ours, np=2, unpinned, TF default threads",
+    "mwms2": "MWMS, 2 workers, unpinned, TF default threads (its default)",
+}
+EFFICIENCY = "ours2_over_2x_pinned (scaling efficiency)"
+
+
+def peer_ratio(folder, policy, key):
+    return load(folder, "peers.json")["policies"][policy]["median_ratios"][key]
+
+
+@table("peers")
 def peers(folder):
     d = load(folder, "peers.json")
-    if not d:
-        return
-    print(f"### Peer comparison ({d['when']})\n")
-    print(
-        "| policy | ours np=2 / MWMS np=2 | scaling efficiency: ours np=2 / (2 × pinned) | ours np=2 / plain one process |"
-    )
-    print("|---|---|---|---|")
+    rows = []
     for policy, r in d["policies"].items():
         m = r["median_ratios"]
-        print(
-            f"| {policy} | {m.get('ours2_over_mwms2', float('nan')):.2f} | "
-            f"{m['ours2_over_2x_pinned (scaling efficiency)']:.2f} | {m['ours2_over_plain']:.2f} |"
+        rows.append(
+            [
+                policy,
+                f"**{m['ours2_over_mwms2_bound']:.2f}**",
+                f"**{m['ours2_tfdef_over_mwms2']:.2f}**",
+                f"{m['ours2_over_mwms2']:.2f}",
+                f"{m[EFFICIENCY]:.2f}",
+                f"{m['ours2_over_plain']:.2f}",
+            ]
         )
-    print("\nRaw samples/s per round:\n")
-    print("| policy | config | rounds |")
-    print("|---|---|---|")
-    for policy, r in d["policies"].items():
-        for c, xs in r["samples_per_s"].items():
-            print(f"| {policy} | {c} | {fmt_list(xs)} |")
-    print()
+    ratios = md(
+        [
+            "policy",
+            "ours / MWMS, both pinned, one thread (like for like)",
+            "ours / MWMS, both unpinned, TF default threads (like for like)",
+            "ours pinned / MWMS default (each its own default)",
+            "scaling efficiency: ours / (2 × pinned)",
+            "ours / plain one process",
+        ],
+        rows,
+    )
+    raw = md(
+        ["policy", "config", "samples/s per round"],
+        [
+            [policy, f"{c} ({PEER_CONFIGS.get(c, '')})", fmt_list(xs)]
+            for policy, r in d["policies"].items()
+            for c, xs in r["samples_per_s"].items()
+        ],
+    )
+    return (
+        f"*{d['when']}, {d['rounds']} interleaved rounds of {d['steps']} timed steps*"
+        f"\n\n{ratios}\n\nRaw samples/s per round:\n\n{raw}"
+    )
 
 
+@table("autogroup")
+def autogroup(folder):
+    d = load(folder, "autogroup.json")
+    rows = [
+        [c, f"{rel:.2f}", fmt_list(d["samples_per_s"][c])]
+        for c, rel in d["relative_to_quiet"].items()
+    ]
+    return (
+        f"*{d['when']}, sched_autogroup_enabled={d['sched_autogroup_enabled']}*\n\n"
+        + md(
+            ["condition", "throughput relative to quiet (median)", "raw samples/s"],
+            rows,
+        )
+    )
+
+
+@table("threads")
+def threads(folder):
+    d = load(folder, "threads.json")
+    rows = [
+        [s, f"{rel:.2f}", fmt_list(d["samples_per_s"][s])]
+        for s, rel in d["relative_to_off"].items()
+    ]
+    return f"*{d['when']}, {d['policy']}*\n\n" + md(
+        ["setting", "throughput relative to TF defaults (median)", "raw samples/s"],
+        rows,
+    )
+
+
+def overhead_rows(folder):
+    out = []
+    for policy in PEER_POLICIES:
+        path = folder / f"overhead_{policy}.json"
+        if path.exists():
+            out.append((policy, json.loads(path.read_text())))
+    if not out:
+        raise FileNotFoundError(f"no overhead_*.json in {folder}")
+    return out
+
+
+@table("overhead")
 def overhead(folder):
-    rows = []
-    for policy in ("float32", "mixed_bfloat16", "mixed_float16"):
-        d = load(folder, f"overhead_{policy}.json")
-        if d:
-            rows.append((policy, d))
-    if not rows:
-        return
-    print("### One process: DistributedOptimizer vs the bare optimizer\n")
-    print(
-        "| policy | ours / plain (median of per-round ratios) | plain samples/s | ours samples/s |"
+    rows = [
+        [
+            policy,
+            f"{d['ratio_ours_over_plain']:.3f}",
+            str(len(d["plain_samples_per_s"])),
+            fmt_list(d["plain_samples_per_s"]),
+            fmt_list(d["ours_samples_per_s"]),
+        ]
+        for policy, d in overhead_rows(folder)
+    ]
+    when = overhead_rows(folder)[0][1]["meta"]["when"]
+    return f"*{when}*\n\n" + md(
+        [
+            "policy",
+            "ours / plain (median of per-round ratios)",
+            "rounds",
+            "plain samples/s",
+            "ours samples/s",
+        ],
+        rows,
     )
-    print("|---|---|---|---|")
-    for policy, d in rows:
-        print(
-            f"| {policy} | {d['ratio_ours_over_plain']:.3f} | {fmt_list(d['plain_samples_per_s'])} | "
-            f"{fmt_list(d['ours_samples_per_s'])} |"
-        )
-    print()
 
 
-def allreduce(folder):
+def allreduce_by_size(folder):
     d = load(folder, "allreduce_np2.json")
-    if not d:
-        return
-    print(f"### Allreduce, 2 ranks ({d['meta']['when']})\n")
-    variants = sorted({r["variant"] for r in d["records"]})
-    print(
-        "| size | "
-        + " | ".join(f"{v} GB/s" for v in variants)
-        + " | ours_float32 / raw |"
-    )
-    print("|---|" + "---|" * (len(variants) + 1))
     by = {}
     for r in d["records"]:
         by.setdefault(r["bytes"], {})[r["variant"]] = r
-    for size, v in sorted(by.items()):
-        cells = " | ".join(f"{v[k]['GBps']:.3f}" if k in v else "" for k in variants)
+    return d, dict(sorted(by.items()))
+
+
+def allreduce_spans(folder, big=1 << 20):
+    """(ours / raw at >= 1 MiB, in-step path / raw at >= 1 MiB, 16-bit slowdown)."""
+    _, by = allreduce_by_size(folder)
+    ours = [
+        v["raw_mpi4py"]["seconds"] / v["ours_float32"]["seconds"]
+        for s, v in by.items()
+        if s >= big
+    ]
+    graph = [
+        v["raw_mpi4py"]["seconds"] / v["ours_graph_float32"]["seconds"]
+        for s, v in by.items()
+        if s >= big
+    ]
+    slow = [
+        v[w]["seconds"] / v["ours_float32"]["seconds"]
+        for v in by.values()
+        for w in ("ours_float16", "ours_bfloat16")
+    ]
+    return ours, graph, slow
+
+
+@table("allreduce")
+def allreduce(folder):
+    d, by = allreduce_by_size(folder)
+    variants = sorted({r["variant"] for r in d["records"]})
+    rows = []
+    for size, v in by.items():
+        cells = [f"{v[k]['GBps']:.3f}" if k in v else "" for k in variants]
         ratio = v["raw_mpi4py"]["seconds"] / v["ours_float32"]["seconds"]
-        print(f"| {size:,} B | {cells} | {ratio:.2f} |")
+        rows.append([f"{size:,} B", *cells, f"{ratio:.2f}"])
+    text = f"*{d['meta']['when']}*\n\n" + md(
+        ["size", *(f"{v} GB/s" for v in variants), "ours_float32 / raw"], rows
+    )
     lowp = [r for r in d["records"] if r["variant"] == "ours_float16"]
-    if lowp:
-        big = max(lowp, key=lambda r: r["bytes"])
-        print(
-            f"\nBytes sent per rank for {big['bytes']:,} B of float32 gradients: float32 ring allreduce "
-            f"≈ {big['bytes']:,} B (2·(N−1)/N of the payload); 16-bit wire {big['bytes_sent_per_rank']:,} B."
-        )
-    print()
+    big = max(lowp, key=lambda r: r["bytes"])
+    return text + (
+        f"\n\nBytes sent per rank for {big['bytes']:,} B of float32 gradients: float32 ring "
+        f"allreduce ≈ {big['bytes']:,} B (2·(N−1)/N of the payload); 16-bit wire "
+        f"{big['bytes_sent_per_rank']:,} B."
+    )
 
 
-def threads(folder):
-    d = load(folder, "threads.json")
-    if not d:
-        return
-    print(f"### Thread settings at np=2 ({d['when']}, {d['policy']})\n")
-    print("| setting | throughput relative to TF defaults (median) | raw samples/s |")
-    print("|---|---|---|")
-    for s, rel in d["relative_to_off"].items():
-        print(f"| {s} | {rel:.2f} | {fmt_list(d['samples_per_s'][s])} |")
-    print()
-
-
+@table("comm_heavy")
 def comm_heavy(folder):
     d = load(folder, "comm_heavy.json")
-    if not d:
-        return
     m = d["median_seconds"]
-    print(
-        f"### Communication-heavy model ({d['params']:,} parameters, {d['gradient_MB']:.0f} MB of gradients; {d['when']})\n"
+    rows = [[k, f"{m[k]:.3f}", fmt_list(d["raw"][k], "{:.3f}")] for k in m]
+    rows += [
+        ["compute + comm", f"{d['sum_compute_comm']:.3f}", ""],
+        ["max(compute, comm)", f"{d['max_compute_comm']:.3f}", ""],
+        ["compute_x2 + comm", f"{d['sum_compute_x2_comm']:.3f}", ""],
+        ["max(compute_x2, comm)", f"{d['max_compute_x2_comm']:.3f}", ""],
+    ]
+    return (
+        f"*{d['params']:,} parameters, {d['gradient_MB']:.0f} MB of gradients; {d['when']}*\n\n"
+        + md(["measurement", "median seconds per step", "rounds"], rows)
     )
-    print("| measurement | median seconds per step | rounds |")
-    print("|---|---|---|")
-    for k in m:
-        print(f"| {k} | {m[k]:.3f} | {fmt_list(d['raw'][k], '{:.3f}')} |")
-    print(f"| compute + comm | {d['sum_compute_comm']:.3f} | |")
-    print(f"| max(compute, comm) | {d['max_compute_comm']:.3f} | |")
-    if "sum_compute_x2_comm" in d:
-        print(f"| compute_x2 + comm | {d['sum_compute_x2_comm']:.3f} | |")
-        print(f"| max(compute_x2, comm) | {d['max_compute_x2_comm']:.3f} | |")
-    print()
 
 
-def scaling(folder):
+def comm_heavy_np2(folder):
+    d = load(folder, "comm_heavy.json")
+    return [v for k, v in d["median_seconds"].items() if k.startswith("np2")], d
+
+
+@table("allreduce_scaling")
+def allreduce_scaling(folder):
     d = load(folder, "allreduce_scaling.json")
-    if not d:
-        return
-    print(f"### Allreduce time vs ranks ({d['when']}, oversubscribed)\n")
     nps = list(d["runs"])
     sizes = [r["bytes"] for r in d["runs"][nps[0]]]
-    print("| size | " + " | ".join(f"np={n} raw µs (algorithm)" for n in nps) + " |")
-    print("|---|" + "---|" * len(nps))
+    rows = []
     for i, size in enumerate(sizes):
         cells = []
         for n in nps:
@@ -141,51 +294,1097 @@ def scaling(folder):
             cells.append(
                 f"{r['raw_mpi4py'] * 1e6:.0f} ({r['closest_forced_algorithm']})"
             )
-        print(f"| {size:,} B | " + " | ".join(cells) + " |")
-    print()
+        rows.append([f"{size:,} B", *cells])
+    return f"*{d['when']}, oversubscribed*\n\n" + md(
+        ["size", *(f"np={n} raw µs (algorithm)" for n in nps)], rows
+    )
 
 
+def loss_scale_events(d):
+    """[(step, scale after it)] for every skipped step (steps count from 1)."""
+    out, prev = [], 0
+    for i, (s, k) in enumerate(zip(d["scale"], d["skipped"])):
+        if k != prev:
+            out.append((i + 1, s))
+            prev = k
+    return out
+
+
+@table("loss_scale")
 def loss_scale(folder):
     d = load(folder, "loss_scale.json")
-    if not d:
-        return
     s = d["scale"]
-    print(
-        f"### Loss scale trajectory\n\n{len(s)} steps on {d['ranks']} ranks, growth interval "
-        f"{d['growth_interval']}: scale from {s[0]:g} to {s[-1]:g} (min {min(s):g}, max {max(s):g}), "
-        f"{d['skipped'][-1]} skipped steps; identical on all ranks: {d['identical_on_all_ranks']}.\n"
+    skips = loss_scale_events(d)
+    return (
+        f"{len(s)} steps on {d['ranks']} ranks, growth interval {d['growth_interval']}, "
+        f"initial scale 2^{math.log2(d['initial_scale']):.0f}: scale after the last step "
+        f"2^{math.log2(s[-1]):.0f} (min 2^{math.log2(min(s)):.0f}, max "
+        f"2^{math.log2(max(s)):.0f}); {d['skipped'][-1]} skipped steps, at steps "
+        f"{', '.join(str(k) for k, _ in skips)}; identical on all ranks: "
+        f"{d['identical_on_all_ranks']}."
     )
 
 
-def autogroup(folder):
-    d = load(folder, "autogroup.json")
-    if not d:
-        return
-    print(
-        f"### A competing job in another session ({d['when']}, "
-        f"sched_autogroup_enabled={d['sched_autogroup_enabled']})\n"
+def met(values, target) -> str:
+    bad = [f"{v:.3f}" for v in values if v < target]
+    return "met" if not bad else f"not met ({', '.join(bad)} < {target})"
+
+
+@table("summary")
+def summary(folder):
+    d = load(folder, "peers.json")["policies"]
+    pol = [p for p in PEER_POLICIES if p in d]
+
+    def each(key, f="{:.2f}"):
+        return [d[p]["median_ratios"][key] for p in pol], ", ".join(
+            f"{f.format(d[p]['median_ratios'][key])} ({p})" for p in pol
+        )
+
+    like, like_txt = each("ours2_over_mwms2_bound")
+    tfdef, tfdef_txt = each("ours2_tfdef_over_mwms2")
+    own, own_txt = each("ours2_over_mwms2")
+    eff, eff_txt = each(EFFICIENCY)
+    _, plain_txt = each("ours2_over_plain")
+    over = overhead_rows(folder)
+    over_txt = ", ".join(f"{o['ratio_ours_over_plain']:.2f} ({p})" for p, o in over)
+    ours, graph, slow = allreduce_spans(folder)
+    np2, ch = comm_heavy_np2(folder)
+    rows = [
+        [
+            "ours at np=2 ≥ 1.9× MWMS (2 workers)",
+            f"like for like, both pinned with one thread per worker: {like_txt}; "
+            f"both unpinned with TF's default threads: {tfdef_txt}; "
+            f"each with its own defaults: {own_txt}",
+            "not met; see [Peers](#peers-ours-at-np2-vs-plain-keras-and-multiworkermirroredstrategy)"
+            if min(like + tfdef + own) < 1.9
+            else "met",
+        ],
+        [
+            "scaling efficiency np=2 ÷ (2 × one pinned core) ≥ 0.95",
+            eff_txt,
+            met(eff, 0.95),
+        ],
+        ["ours at np=2 ÷ plain Keras in one process (report)", plain_txt, ""],
+        [
+            "np=1 overhead ≤ 2% (ratio ≥ 0.98)",
+            over_txt,
+            met([o["ratio_ours_over_plain"] for _, o in over], 0.98),
+        ],
+        [
+            "fused allreduce ≥ 0.9× raw mpi4py at ≥ 1 MiB",
+            span(ours),
+            f"{met(ours, 0.9)}; the whole in-step path {span(graph)}, see "
+            "[Allreduce](#allreduce-bandwidth-2-ranks)",
+        ],
+        [
+            "16-bit wire halves the bytes; time vs float32",
+            f"bytes halved (counted); {span(slow, '{:.2g}')}× slower on shared memory "
+            "(the numpy-level path, measured before the in-graph 16-bit wire)",
+            "reported",
+        ],
+        [
+            "comm-heavy np=2 step → max(compute, comm)",
+            f"≈ compute + comm ({span(np2)} s vs {ch['sum_compute_x2_comm']:.2f} s sum, "
+            f"{ch['max_compute_x2_comm']:.2f} s max)",
+            "not demonstrated on 2 cores",
+        ],
+        [
+            "allreduce time vs N (np=2, 4, 8)",
+            "measured, oversubscribed; algorithm reported",
+            "growth is not logarithmic when oversubscribed",
+        ],
+        [
+            "GPU: fp16 vs fp32 step time and memory, ≥ 70M parameters",
+            "script ready",
+            "not run: no GPU available",
+        ],
+    ]
+    return md(["target (from the issues)", "measured", ""], rows)
+
+
+# -- docs/layers.md -------------------------------------------------------------
+
+
+def pct(x) -> str:
+    if x is None:
+        return "n/a"
+    return f"{x:.1%}" if x >= 0.1 else f"{x:.3%}"
+
+
+def drift_rows(folder):
+    d = load(folder, "layers_numerics.json")
+    idx = {}
+    for r in d["rows"]:
+        idx[(r["layer"], r["T"], r["gate_bias"], r["policy"], r["impl"])] = r
+    return d, idx
+
+
+def err_cell(r):
+    """Error vs float32, with the float64 figure where it differs at this precision."""
+    a, b = pct(r["err_vs_f32"]), pct(r["err_vs_f64"])
+    return a if a == b else f"{a} ({b} vs float64)"
+
+
+DEFAULT_OURS = "ours:in=float32,rec=float32"
+
+
+def drift_table(folder, layer):
+    d, idx = drift_rows(folder)
+    a = d["args"]
+    rows = []
+    for T in a["lengths"]:
+        for bias in a["gate_biases"]:
+            ref = idx[(layer, T, bias, "float32", "keras")]
+            for policy in ("mixed_float16", "mixed_bfloat16"):
+                k = idx[(layer, T, bias, policy, "keras")]
+                o = idx[(layer, T, bias, policy, DEFAULT_OURS)]
+                f1 = idx[(layer, T, bias, policy, "floor:output-rounded")]
+                f2 = idx[(layer, T, bias, policy, "floor:input+output-rounded")]
+                rows.append(
+                    [
+                        T,
+                        f"{bias:g}",
+                        policy,
+                        err_cell(k),
+                        err_cell(o),
+                        f"{o['err_vs_f32'] / k['err_vs_f32']:.3f}",
+                        err_cell(f1),
+                        err_cell(f2),
+                        pct(ref["err_vs_f64"]),
+                    ]
+                )
+    return md(
+        [
+            "T",
+            "bias",
+            "policy",
+            "Keras",
+            "ours",
+            "ours / Keras",
+            "floor: outputs rounded",
+            "floor: input + outputs rounded",
+            "float32 vs float64",
+        ],
+        rows,
     )
-    print("| condition | throughput relative to quiet (median) | raw samples/s |")
-    print("|---|---|---|")
-    for c, rel in d["relative_to_quiet"].items():
-        print(f"| {c} | {rel:.2f} | {fmt_list(d['samples_per_s'][c])} |")
-    print()
 
 
-def main():
-    folder = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/benchmarks")
-    for section in (
-        peers,
-        autogroup,
-        overhead,
-        allreduce,
-        threads,
-        comm_heavy,
-        scaling,
-        loss_scale,
+@table("layers_drift_lstm")
+def layers_drift_lstm(folder):
+    d, _ = drift_rows(folder)
+    return (
+        f"*{d['date']}, {d['seconds']:.0f} s*\n\nLSTM (forget-gate bias):\n\n"
+        + drift_table(folder, "lstm")
+    )
+
+
+@table("layers_drift_gru")
+def layers_drift_gru(folder):
+    return "GRU (update-gate bias):\n\n" + drift_table(folder, "gru")
+
+
+def drift_target(folder):
+    """(largest ours/Keras ratio where Keras exceeds 1%, whether <= 0.5 everywhere)."""
+    d, _ = drift_rows(folder)
+    checks = [
+        c for c in d["checks"] if c["impl"] == DEFAULT_OURS and c["target_applies"]
+    ]
+    return max(c["ratio_vs_keras"] for c in checks), all(
+        c["meets_target"] for c in checks
+    )
+
+
+@table("layers_drift_variants")
+def layers_drift_variants(folder):
+    d, idx = drift_rows(folder)
+    a = d["args"]
+    variants = [
+        (i, r) for i in a["input_precisions"] for r in a["recurrent_precisions"]
+    ]
+    big = max(a["gate_biases"])
+    rows = []
+    for layer in a["layers"]:
+        for T in a["lengths"]:
+            for policy in ("mixed_float16", "mixed_bfloat16"):
+                key = (layer, T, big, policy)
+                rows.append(
+                    [
+                        layer.upper(),
+                        T,
+                        policy,
+                        pct(idx[(*key, "keras")]["err_vs_f32"]),
+                        *(
+                            pct(idx[(*key, f"ours:in={i},rec={r}")]["err_vs_f32"])
+                            for i, r in variants
+                        ),
+                    ]
+                )
+    return md(
+        ["layer", "T", "policy", "Keras", *(f"in={i}, rec={r}" for i, r in variants)],
+        rows,
+    )
+
+
+def speed(folder, name):
+    d = load(folder, name)
+    return d, {(r["layer"], r["policy"], r["impl"]): r for r in d["results"]}
+
+
+def ratios(r):
+    return " ".join(f"{x:.2f}" for x in r["ratios"])
+
+
+def speed_header(d):
+    a = d["args"]
+    return (
+        f"*{d['date']}, {a['rounds']} rounds, {d['seconds']:.0f} s; batch {a['batch']}, "
+        f"{a['length']} steps, {a['features']} features, {a['units']} units*\n\n"
+    )
+
+
+@table("layers_speed_default")
+def layers_speed_default(folder):
+    d, _ = speed(folder, "layers_speed_default.json")
+    rows = [
+        [r["layer"].upper(), r["policy"], f"{r['median_ratio']:.3f}", ratios(r)]
+        for r in d["results"]
+    ]
+    return speed_header(d) + md(
+        ["layer", "policy", "median ours / Keras", "per-round ratios"], rows
+    )
+
+
+def variant_name(impl):
+    i, r = (p.split("=")[1] for p in impl.split(":")[1].split(","))
+    return i, r
+
+
+@table("layers_speed_variants")
+def layers_speed_variants(folder):
+    d, _ = speed(folder, "layers_speed_variants.json")
+    rows = []
+    for r in d["results"]:
+        i, rec = variant_name(r["impl"])
+        name = f"{i}, {rec}" + (" (default)" if r["impl"] == DEFAULT_OURS else "")
+        rows.append(
+            [
+                r["layer"].upper(),
+                r["policy"],
+                name,
+                f"{r['median_ratio']:.3f}",
+                ratios(r),
+            ]
+        )
+    return speed_header(d) + md(
+        [
+            "layer",
+            "policy",
+            "input, recurrent",
+            "median ours / Keras",
+            "per-round ratios",
+        ],
+        rows,
+    )
+
+
+@table("layers_speed_256units")
+def layers_speed_256units(folder):
+    d, _ = speed(folder, "layers_speed_256units.json")
+    rows = []
+    for r in d["results"]:
+        _, rec = variant_name(r["impl"])
+        name = rec + (" (default)" if r["impl"] == DEFAULT_OURS else "")
+        rows.append(
+            [
+                r["layer"].upper(),
+                r["policy"],
+                name,
+                f"{r['median_ratio']:.3f}",
+                ratios(r),
+            ]
+        )
+    return speed_header(d) + md(
+        ["layer", "policy", "recurrent", "median ours / Keras", "per-round ratios"],
+        rows,
+    )
+
+
+EEG_POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
+
+
+def eeg_runs(folder):
+    d = load(folder, "layers_eeg.json")
+    by = {(r["policy"], r["seed"]): r for r in d["runs"]}
+    return d, by
+
+
+def epoch_jumps(runs, key="test_accuracy_per_epoch"):
+    """Absolute change of a per-epoch value from one epoch to the next, all runs."""
+    return [abs(b - a) for r in runs for a, b in zip(r[key], r[key][1:])]
+
+
+@table("layers_eeg")
+def layers_eeg(folder):
+    d, by = eeg_runs(folder)
+    seeds = d["args"]["seeds"]
+    rows = []
+    for s in seeds:
+        rows.append(
+            [s]
+            + [
+                f"{by[(p, s)]['test_accuracy']:.3f} ({by[(p, s)]['test_accuracy_last5_mean']:.3f})"
+                for p in EEG_POLICIES
+            ]
+        )
+    for key, label in (
+        ("test_accuracy", "last epoch"),
+        ("test_accuracy_last5_mean", "last-5 mean"),
     ):
-        section(folder)
+        rows.append(
+            [f"mean ± std, {label}"]
+            + [
+                pm(*mean_std([by[(p, s)][key] for s in seeds]), "{:.3f}")
+                for p in EEG_POLICIES
+            ]
+        )
+        rows.append(
+            ["paired by seed vs float32", ""]
+            + [
+                minus(
+                    pm(
+                        *mean_std(
+                            [by[(p, s)][key] - by[("float32", s)][key] for s in seeds]
+                        ),
+                        "{:+.3f}",
+                    ).replace("± +", "± ")
+                )
+                for p in EEG_POLICIES[1:]
+            ]
+        )
+    return f"*{d['date']}*\n\n" + md(["seed", *EEG_POLICIES], rows)
+
+
+# -- docs/convergence.md ---------------------------------------------------------
+
+PRECISION_CONFIGS = {
+    "float32": "float32",
+    "mixed_float16:kmp": "mixed_float16, kmp LSTM",
+    "mixed_float16:keras": "mixed_float16, Keras LSTM",
+    "mixed_bfloat16:kmp": "mixed_bfloat16, kmp LSTM",
+    "mixed_bfloat16:keras": "mixed_bfloat16, Keras LSTM",
+}
+PRECISION_METRICS = {
+    "accuracy, last epoch": lambda r: r["test_accuracy"],
+    "AUC, last epoch": lambda r: r["test_auc"],
+    "accuracy, mean of last 5 epochs": lambda r: statistics.fmean(
+        r["test_accuracy_per_epoch"][-5:]
+    ),
+    "AUC, mean of last 5 epochs": lambda r: statistics.fmean(
+        r["test_auc_per_epoch"][-5:]
+    ),
+}
+
+
+def precision(folder):
+    d = load(folder, "convergence_precision.json")
+    by = {(r["config"], r["seed"]): r for r in d["runs"]}
+    return d, by, d["args"]["seeds"]
+
+
+def paired(by, seeds, config, value):
+    diffs = [100 * (value(by[(config, s)]) - value(by[("float32", s)])) for s in seeds]
+    m, sd = mean_std(diffs)
+    return m, sd, sd / math.sqrt(len(diffs))
+
+
+@table("conv_precision_mean")
+def conv_precision_mean(folder):
+    d, by, seeds = precision(folder)
+    rows = [
+        [label]
+        + [
+            pm(*mean_std([100 * f(by[(c, s)]) for s in seeds]), "{:.1f}")
+            for f in PRECISION_METRICS.values()
+        ]
+        for c, label in PRECISION_CONFIGS.items()
+    ]
+    return f"*{d['date']}, seeds {seeds[0]}–{seeds[-1]}*\n\n" + md(
+        ["configuration", *PRECISION_METRICS], rows
+    )
+
+
+@table("conv_precision_paired")
+def conv_precision_paired(folder):
+    _, by, seeds = precision(folder)
+    rows = []
+    for c, label in list(PRECISION_CONFIGS.items())[1:]:
+        cells = []
+        for f in PRECISION_METRICS.values():
+            m, sd, se = paired(by, seeds, c, f)
+            cells.append(f"{signed(m)} ± {sd:.1f} (SE {se:.1f})")
+        rows.append([label, *cells])
+    return md(["configuration", *PRECISION_METRICS], rows)
+
+
+@table("conv_precision_runs")
+def conv_precision_runs(folder):
+    _, by, seeds = precision(folder)
+    rows = [
+        [s]
+        + [
+            f"{100 * by[(c, s)]['test_accuracy']:.1f} / {100 * by[(c, s)]['test_auc']:.1f}"
+            for c in PRECISION_CONFIGS
+        ]
+        for s in seeds
+    ]
+    header = [
+        "seed",
+        *(
+            lab.replace(" LSTM", "").replace("kmp", "kmp")
+            for lab in PRECISION_CONFIGS.values()
+        ),
+    ]
+    return md(header, rows)
+
+
+def sci(x) -> str:
+    if x == 0:
+        return "0"
+    mant, exp = f"{x:.1e}".split("e")
+    return f"{mant}e{int(exp)}"
+
+
+@table("conv_equivalence")
+def conv_equivalence(folder):
+    d = load(folder, "convergence_equivalence.json")
+    rows = [
+        [
+            r["workers"],
+            r["steps"],
+            sci(r["max_weight_rel_diff"]),
+            sci(r["max_loss_abs_diff"]),
+            sci(r["max_rate_abs_diff"]),
+        ]
+        for r in d["results"]
+    ]
+    return md(
+        [
+            "N",
+            "steps",
+            "max relative weight difference",
+            "max loss difference",
+            "max learning-rate difference",
+        ],
+        rows,
+    )
+
+
+def scaling(folder):
+    d = load(folder, "convergence_scaling.json")
+    by = {(r["workers"], r["rule"], r["seed"]): r for r in d["runs"]}
+    return d, by
+
+
+def run_of(n, rule):
+    return "none" if n == 1 and not rule.startswith("paper") else rule
+
+
+def scaling_cell(d, by, rule, n):
+    vals = [100 * by[(n, run_of(n, rule), s)]["test_auc"] for s in d["args"]["seeds"]]
+    return mean_std(vals)
+
+
+def scaling_paired(d, by, rule, n):
+    seeds = d["args"]["seeds"]
+    diffs = [
+        100 * (by[(n, rule, s)]["test_auc"] - by[(1, run_of(1, rule), s)]["test_auc"])
+        for s in seeds
+    ]
+    return mean_std(diffs)
+
+
+RATE_RULES = {
+    "linear": lambda n: n,
+    "sqrt": lambda n: math.sqrt(n),
+    "paper": lambda n: n / (1 + n / 100),
+}
+
+
+def scaling_table(d, by, rules, rate_rows):
+    workers = sorted(d["args"]["workers"])
+    lr0 = d["args"]["learning_rate"]
+    rows = [
+        [rule] + [pm(*scaling_cell(d, by, rule, n)) for n in workers] for rule in rules
+    ]
+    for i, (rule, f) in enumerate(RATE_RULES.items() if rate_rows else []):
+        label = f"rate at N (lr0 = {lr0:g}): {rule}" if i == 0 else f"rate at N: {rule}"
+        rows.append([label] + [f"{lr0 * f(n):.3g}" for n in workers])
+    return md(["rule", *(f"N = {n}" for n in workers)], rows)
+
+
+STUDY_RULES = ["none", "linear", "linear+warmup", "sqrt", "paper"]
+ADDED_RULES = ["sqrt+warmup", "paper+warmup"]
+
+
+def paired_table(d, by, rules, ns=(32, 64, 128)):
+    rows = [
+        [rule] + [minus(pm(*scaling_paired(d, by, rule, n), "{:.2f}")) for n in ns]
+        for rule in rules
+    ]
+    return md(["rule", *(f"N = {n}" for n in ns)], rows)
+
+
+@table("conv_scaling")
+def conv_scaling(folder):
+    d, by = scaling(folder)
+    return f"*{d['date']}*\n\n" + scaling_table(d, by, STUDY_RULES, rate_rows=True)
+
+
+@table("conv_scaling_paired")
+def conv_scaling_paired(folder):
+    d, by = scaling(folder)
+    return paired_table(d, by, STUDY_RULES)
+
+
+@table("conv_scaling_warmup")
+def conv_scaling_warmup(folder):
+    d, by = scaling(folder)
+    return (
+        scaling_table(d, by, ADDED_RULES, rate_rows=False)
+        + "\n\nPaired by seed, difference to N = 1 (points):\n\n"
+        + paired_table(d, by, ADDED_RULES)
+    )
+
+
+@table("conv_pilots")
+def conv_pilots(folder):
+    d = load(folder, "convergence_pilots.json")
+    at_1 = {r["learning_rate"]: 100 * r["auc"] for r in d["sweep"]}
+    rows = []
+    for p in d["pilots"]:
+        cells = {rule: 100 * p["auc"][rule] for rule in STUDY_RULES}
+        best = max(cells.values())
+        n1 = at_1.get(p["learning_rate"])
+        rows.append(
+            [
+                f"{p['learning_rate']:g}",
+                f"{p['warmup_epochs']:g} epoch",
+                "" if n1 is None else f"{n1:.2f}",
+                *(f"**{v:.2f}**" if v == best else f"{v:.2f}" for v in cells.values()),
+            ]
+        )
+    n = d["pilots"][0]["workers"]
+    sweep = ", ".join(f"lr0 = {lr:g} → {auc:.2f}" for lr, auc in sorted(at_1.items()))
+    return (
+        f"*{d['date']}; seed {d['seed']}, {d['epochs']} epochs; final test AUC, points*\n\n"
+        + md(["lr0", "warmup", "N = 1", *(f"N = {n}: {r}" for r in STUDY_RULES)], rows)
+        + f"\n\nAt N = 1: {sweep}."
+    )
+
+
+# -- docs/reliability.md -------------------------------------------------------
+
+FAULTS = {
+    "exception-layer": "exception in a layer",
+    "exception-callback": "exception in a callback",
+    "exception-input": "exception in the input pipeline",
+    "sigkill": "SIGKILL",
+    "exit": "`sys.exit(3)`",
+}
+
+
+@table("fault_exit_times")
+def fault_exit_times(folder):
+    d = load(folder, "fault_exit_times.json")
+    n = max(len(v) for v in d.values())
+    rows = [[FAULTS.get(k, k), *(f"{t:.2f}" for t in v)] for k, v in d.items()]
+    return md(["fault", *(f"run {i + 1}" for i in range(n))], rows)
+
+
+# -- figures quoted in prose --------------------------------------------------------
+# (page, function of the JSON folder returning a phrase the page must contain)
+
+
+def _peer(policy, key, f="{:.2f}"):
+    return lambda folder: f.format(peer_ratio(folder, policy, key))
+
+
+def _pinned_samples(folder):
+    d = load(folder, "peers.json")["policies"]
+    med = {p: statistics.median(d[p]["samples_per_s"]["pinned"]) for p in PEER_POLICIES}
+    return (
+        f"{med['float32']:.0f} samples/s in float32, {med['mixed_bfloat16']:.0f} in "
+        f"`mixed_bfloat16` and {med['mixed_float16']:.0f} in `mixed_float16`"
+    )
+
+
+def _eeg_noise(folder):
+    d, _ = eeg_runs(folder)
+    jumps = [100 * j for j in epoch_jumps(d["runs"])]
+    return (
+        f"by up to {max(jumps):.0f} points from one epoch to the next "
+        f"({sum(j > 10 for j in jumps)} of the {len(jumps)} epoch-to-epoch changes "
+        f"exceed 10 points, median {statistics.median(jumps):.1f}"
+    )
+
+
+def _precision_range(folder):
+    d, by, seeds = precision(folder)
+    vals = [
+        a
+        for r in d["runs"]
+        if r["config"] == "float32"
+        for a in r["test_accuracy_per_epoch"]
+    ]
+    jumps = epoch_jumps([r for r in d["runs"] if r["config"] == "float32"])
+    return (
+        f"test accuracy of the float32 runs ranges over {min(vals):.2f}–{max(vals):.2f} "
+        f"across epochs, and moves by up to {100 * max(jumps):.0f} points from one epoch to the next"
+    )
+
+
+def _loss_scale_prose(folder):
+    d = load(folder, "loss_scale.json")
+    skips = loss_scale_events(d)
+    first = [k for k, s in skips if k < 100]
+    settle = skips[len(first) - 1][1]
+    return (
+        f"skipped steps {', '.join(map(str, first[:-1]))} and {first[-1]}, halving "
+        f"the scale each time: 2^{math.log2(settle):.0f} after {len(first)} skips"
+    )
+
+
+def _scaling_runs(folder):
+    d, _ = scaling(folder)
+    added = sum(r["rule"] in ADDED_RULES for r in d["runs"])
+    return f"{added} more runs"
+
+
+def _allreduce_phrases(folder):
+    ours, graph, slow = allreduce_spans(folder)
+    return f"{span(slow, '{:.2g}')}× slower here"
+
+
+def _threads_gain(folder):
+    d = load(folder, "threads.json")["samples_per_s"]
+    gains = [
+        100 * (statistics.median(x / y for x, y in zip(d[a], d[b])) - 1)
+        for a, b in (("bound", "bound_1,2"), ("1,1", "1,2"))
+    ]
+    return span(gains, "{:.0f}")
+
+
+def _autogroup(folder):
+    r = load(folder, "autogroup.json")["relative_to_quiet"]
+    return (
+        f"halves the pinned run ({r['nice19']:.2f}: the same 2× as the 753 / 376 streaks); "
+        f"lowering its autogroup gives the core back ({r['autogroup19']:.2f})"
+    )
+
+
+def _comm_heavy(folder):
+    np2, d = comm_heavy_np2(folder)
+    return (
+        f"{span(np2)} s per step for every bucketing, against compute_x2 + comm = "
+        f"{d['sum_compute_x2_comm']:.2f} s and max = {d['max_compute_x2_comm']:.2f} s"
+    )
+
+
+def _small_messages(folder):
+    _, by = allreduce_by_size(folder)
+    small = [
+        v["raw_mpi4py"]["seconds"] / v["ours_float32"]["seconds"]
+        for size, v in by.items()
+        if size < 1 << 20
+    ]
+    graph = allreduce_spans(folder)[1]
+    return (
+        f"Below 1 MiB ours is {span(small, '{:.1f}')}× raw",
+        f"The full in-step path is {span(graph, '{:.1f}')}× raw at ≥ 1 MiB",
+    )
+
+
+def _overhead(folder):
+    (_, f32), (_, bf16) = overhead_rows(folder)[:2]
+    return (
+        f"{100 * (f32['ratio_ours_over_plain'] - 1):.0f}% in float32 (the same in an "
+        f"earlier run, 1.07–1.15) and {100 * (bf16['ratio_ours_over_plain'] - 1):.1f}% "
+        "in bfloat16"
+    )
+
+
+def _drift_target(folder):
+    largest, ok = drift_target(folder)
+    verdict = "met in every case" if ok else "NOT met everywhere"
+    return f"{verdict} (largest ratio where it applies: {largest:.3f})"
+
+
+def _eeg_times(folder):
+    d, _ = eeg_runs(folder)
+    t = {
+        p: statistics.fmean(r["train_seconds"] for r in d["runs"] if r["policy"] == p)
+        for p in EEG_POLICIES
+    }
+    return ", ".join(f"{p} {t[p]:.0f} s" for p in EEG_POLICIES)
+
+
+def _np8_growth(folder):
+    d = load(folder, "allreduce_scaling.json")["runs"]
+    g = [b["raw_mpi4py"] / a["raw_mpi4py"] for a, b in zip(d["2"], d["8"])]
+    return f"grows {span(g, '{:.2g}')}× (17× at 1 KiB, {g[-1]:.2g}× at 16 MiB)"
+
+
+def _wide(folder):
+    """Phrases about the 256-unit speed run and the matching drift figures."""
+    _, r = speed(folder, "layers_speed_256units.json")
+    comp = "ours:in=float32,rec=compute"
+
+    def m(layer, policy, impl):
+        return r[(layer, policy, impl)]["median_ratio"]
+
+    _, drift = drift_rows(folder)
+    key = ("lstm", 4096, 8.0, "mixed_bfloat16")
+    return [
+        f"(ours / Keras {m('lstm', 'mixed_bfloat16', DEFAULT_OURS):.2f})",
+        f"faster than Keras ({m('lstm', 'mixed_bfloat16', comp):.2f}x)",
+        f"forget bias 8: {pct(drift[(*key, comp)]['err_vs_f32'])} instead of "
+        f"{pct(drift[(*key, DEFAULT_OURS)]['err_vs_f32'])}; Keras "
+        f"{pct(drift[(*key, 'keras')]['err_vs_f32'])}",
+        f'{m("gru", "mixed_bfloat16", comp):.2f} with `"compute"` against '
+        f"{m('gru', 'mixed_bfloat16', DEFAULT_OURS):.2f} with float32",
+        f"LSTM {m('lstm', 'mixed_float16', DEFAULT_OURS):.2f} against "
+        f'{m("lstm", "mixed_float16", comp):.2f} with `"compute"`, GRU '
+        f"{m('gru', 'mixed_float16', DEFAULT_OURS):.2f} against "
+        f"{m('gru', 'mixed_float16', comp):.2f}",
+    ]
+
+
+def _variants(folder):
+    d, r = speed(folder, "layers_speed_variants.json")
+    a = d["args"]
+    split_costliest = all(
+        max(
+            (r[(layer, pol, f"ours:in={i},rec={rec}")]["median_ratio"], rec)
+            for rec in a["recurrent_precisions"]
+        )[1]
+        == "split"
+        for layer in a["layers"]
+        for pol in a["policies"]
+        for i in a["input_precisions"]
+    )
+    every = [x for row in d["results"] for x in row["ratios"]]
+    _, default = speed(folder, "layers_speed_default.json")
+    key = ("lstm", "mixed_float16", DEFAULT_OURS)
+    return [
+        "`split` is the costliest option in every group"
+        if split_costliest
+        else "`split` is not the costliest option in every group",
+        f"spread widely (from {min(every):.2f} to {max(every):.2f})",
+        f"measured {default[key]['median_ratio']:.3f} in the run above and "
+        f"{r[key]['median_ratio']:.3f} here",
+    ]
+
+
+def _eeg_seeds_1_3(folder):
+    _, by = eeg_runs(folder)
+    m = statistics.fmean(by[("float32", s)]["test_accuracy"] for s in (1, 2, 3))
+    return f"here seeds 1-3 give {m:.3f} with block averaging"
+
+
+def _seed1_both(folder):
+    _, eeg = eeg_runs(folder)
+    _, prec, _ = precision(folder)
+    a, b = eeg[("float32", 1)]["test_accuracy"], prec[("float32", 1)]["test_accuracy"]
+    same = f"{a:.5f}" == f"{b:.5f}"
+    return f"Seed 1's value ({b:.5f}) is the one" if same else "seed 1 differs"
+
+
+PROSE: list[tuple[str, Callable[[Path], str]]] = [
+    ("layers.md", _eeg_seeds_1_3),
+    ("convergence.md", _seed1_both),
+    *(("layers.md", lambda f, i=i: _variants(f)[i]) for i in range(3)),
+    *(("layers.md", lambda f, i=i: _wide(f)[i]) for i in range(5)),
+    ("benchmarks.md", _np8_growth),
+    (
+        "benchmarks.md",
+        lambda f: f"one inter-op thread is {_threads_gain(f)}% faster than two",
+    ),
+    ("launching.md", lambda f: f"({_threads_gain(f)}% faster at np=2 on 2 cores"),
+    ("benchmarks.md", _autogroup),
+    ("benchmarks.md", _comm_heavy),
+    ("benchmarks.md", lambda f: _small_messages(f)[0]),
+    ("benchmarks.md", lambda f: _small_messages(f)[1]),
+    ("benchmarks.md", _overhead),
+    ("layers.md", _drift_target),
+    ("layers.md", _eeg_times),
+    ("benchmarks.md", _allreduce_phrases),
+    (
+        "benchmarks.md",
+        lambda f: f"raw mpi4py at ≥ 1 MiB: {span(allreduce_spans(f)[0])}×",
+    ),
+    ("benchmarks.md", _loss_scale_prose),
+    ("layers.md", _eeg_noise),
+    ("convergence.md", _precision_range),
+    ("convergence.md", _scaling_runs),
+    ("faq.md", _pinned_samples),
+]
+
+
+# -- the commands that write the JSON ------------------------------------------------
+# Every JSON file must be written by a command shown in the docs, that command
+# must carry the settings the file records, and every line of run_all.sh
+# must be a command the docs show.
+
+COMMAND = re.compile(
+    r"(?:mpirun|python)[^`\n]*?--out docs/benchmarks/(?P<name>[\w.-]+\.json)"
+)
+
+
+def documented_commands(docs: Path) -> dict[str, list[str]]:
+    """{JSON file name: [commands shown in the docs that write it]}."""
+    found: dict[str, list[str]] = {}
+    for page in sorted(docs.rglob("*.md")):
+        # Commands continued over lines with a backslash are joined first.
+        text = re.sub(r"\\\n\s*", " ", page.read_text())
+        for m in COMMAND.finditer(text):
+            found.setdefault(m.group("name"), []).append(norm(m.group(0)))
+    return found
+
+
+def recorded_settings(d: dict) -> dict:
+    """The settings a JSON file records, by command-line flag name."""
+    if "args" in d:
+        rec = dict(d["args"])
+    elif "settings" in d:
+        rec = dict(d["settings"])
+    else:
+        rec = {}
+    for k in ("rounds", "steps"):
+        if k in d and k not in rec:
+            rec[k] = d[k]
+    lists = (
+        d.get("samples_per_s")
+        or d.get("raw")
+        or ({"p": d["plain_samples_per_s"]} if "plain_samples_per_s" in d else None)
+    )
+    if "rounds" not in rec and isinstance(lists, dict):
+        rec["rounds"] = len(next(iter(lists.values())))
+    if "records" in d and "rounds" not in rec:
+        rec["rounds"] = len(d["records"][0]["seconds_all"])
+    if "runs" in d and isinstance(d["runs"], dict):  # allreduce_scaling
+        first = next(iter(d["runs"].values()))
+        rec["sizes"] = ",".join(str(r["bytes"]) for r in first)
+    if d and all(isinstance(v, list) for v in d.values()):  # fault_exit_times
+        rec["repeat"] = len(next(iter(d.values())))
+    return rec
+
+
+def flags(command: str) -> dict[str, list[str]]:
+    words = command.split()
+    out, key = {}, None
+    for w in words:
+        if w.startswith("--"):
+            key = w[2:].replace("-", "_")
+            out[key] = []
+        elif key is not None:
+            out[key].append(w)
+    return out
+
+
+def same(values: list[str], recorded) -> bool:
+    def conv(v, like):
+        if isinstance(like, bool):
+            return like
+        if isinstance(like, int):
+            return int(v)
+        if isinstance(like, float):
+            return float(v)
+        return v
+
+    if isinstance(recorded, list):
+        return (
+            all(conv(v, recorded[0]) in recorded for v in values) if recorded else False
+        )
+    if not values:
+        return bool(recorded)
+    return len(values) == 1 and conv(values[0], recorded) == recorded
+
+
+# Flags that do not change what the file holds.
+NOT_SETTINGS = {"out", "data"}
+
+
+def command_problems(folder: Path, docs: Path, run_all: Path | None) -> list[str]:
+    problems = []
+    commands = documented_commands(docs)
+    for path in sorted(folder.glob("*.json")):
+        if path.name not in commands:
+            problems.append(
+                f"{path.name}: no page shows a command that writes it "
+                f"(--out docs/benchmarks/{path.name})"
+            )
+            continue
+        rec = recorded_settings(json.loads(path.read_text()))
+        for cmd in commands[path.name]:
+            for key, values in flags(cmd).items():
+                if key in NOT_SETTINGS or key not in rec:
+                    continue
+                if not same(values, rec[key]):
+                    problems.append(
+                        f"{path.name}: the command `{cmd}` says --{key} "
+                        f"{' '.join(values)}, the file records {rec[key]!r}"
+                    )
+    if run_all is not None and run_all.exists():
+        shown = {c for cmds in commands.values() for c in cmds}
+        for line in run_all.read_text().splitlines():
+            if '--out "$OUT/' not in line:
+                continue
+            cmd = norm(
+                line.replace('"$OUT/', "docs/benchmarks/").replace('.json"', ".json")
+            )
+            if cmd not in shown:
+                problems.append(f"run_all.sh runs `{cmd}`, which no page shows")
+    return problems
+
+
+# -- driver -------------------------------------------------------------------------
+
+
+def norm(text: str) -> str:
+    return " ".join(text.split())
+
+
+def render(folder: Path, name: str) -> str:
+    if name not in TABLES:
+        raise KeyError(f"unknown table {name!r}; known: {', '.join(sorted(TABLES))}")
+    return TABLES[name](folder)
+
+
+PM = re.compile(r"[+−-]?\d+\.\d+ ± \d+\.\d+")
+
+
+def convergence_pm_figures(folder) -> set[str]:
+    """Every "mean ± std" the convergence JSON files support, as printed."""
+    out = set()
+    d, by = scaling(folder)
+    rules = [r for r in (*STUDY_RULES, *ADDED_RULES) if r in d["args"]["rules"]]
+    for rule in rules:
+        for n in d["args"]["workers"]:
+            cell = scaling_cell(d, by, rule, n)
+            out |= {pm(*cell), pm(*cell, "{:.1f}")}
+            if n > 1:
+                diff = scaling_paired(d, by, rule, n)
+                out |= {minus(pm(*diff)), minus(pm(*diff, "{:.1f}"))}
+    _, prec, seeds = precision(folder)
+    for c in PRECISION_CONFIGS:
+        for f in PRECISION_METRICS.values():
+            out.add(pm(*mean_std([100 * f(prec[(c, s)]) for s in seeds]), "{:.1f}"))
+            if c != "float32":
+                m, sd, _ = paired(prec, seeds, c, f)
+                out.add(f"{signed(m)} ± {sd:.1f}")
+    return out
+
+
+def pm_problems(folder: Path, docs: Path) -> list[str]:
+    """ "mean ± std" figures in convergence.md's prose that no JSON supports."""
+    page = docs / "convergence.md"
+    if not page.exists():
+        return []
+    text = re.sub(r"<!-- table:.*?<!-- /table -->", "", page.read_text(), flags=re.S)
+    known = convergence_pm_figures(folder)
+    return [
+        f"convergence.md: {m.group(0)!r} in the prose is not a figure of the JSON"
+        for m in PM.finditer(text)
+        if m.group(0) not in known
+    ]
+
+
+def process(folder: Path, docs: Path, write: bool) -> list[str]:
+    """Rewrites (or checks) every marked table; returns the problems found."""
+    problems, seen = [], set()
+    for page in sorted(docs.rglob("*.md")):
+        text = page.read_text()
+        rel = page.relative_to(docs)
+
+        def replace(m, rel=rel):
+            name, body = m.group("name"), m.group("body")
+            seen.add(name)
+            try:
+                new = "\n" + render(folder, name) + "\n"
+            except (FileNotFoundError, KeyError) as e:
+                problems.append(f"{rel}: table {name}: {e}")
+                return m.group(0)
+            if new != body:
+                diff = "\n".join(
+                    difflib.unified_diff(
+                        body.splitlines(),
+                        new.splitlines(),
+                        "page",
+                        "JSON",
+                        lineterm="",
+                        n=0,
+                    )
+                )
+                problems.append(f"{rel}: table {name} differs from its JSON:\n{diff}")
+            return m.group(1) + new + m.group(4)
+
+        new_text = MARKER.sub(replace, text)
+        if write and new_text != text:
+            page.write_text(new_text)
+            print(f"rewrote tables in {rel}")
+    for name in sorted(set(TABLES) - seen):
+        problems.append(f"table {name} is not placed in any page")
+    problems += command_problems(folder, docs, RUN_ALL)
+    problems += pm_problems(folder, docs)
+    for page, phrase in PROSE:
+        try:
+            want = phrase(folder)
+        except FileNotFoundError as e:
+            problems.append(f"{page}: {e}")
+            continue
+        if norm(want) not in norm((docs / page).read_text()):
+            problems.append(f"{page}: the prose should say {want!r} (from the JSON)")
+    return problems
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
+    p.add_argument(
+        "folder", nargs="?", default="docs/benchmarks", help="the JSON results"
+    )
+    p.add_argument("--docs", help="the Markdown pages (default: the folder's parent)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--check", action="store_true", help="compare only; exit 1 on a difference"
+    )
+    mode.add_argument("--print", action="store_true", help="print every table")
+    args = p.parse_args(argv)
+    folder = Path(args.folder)
+    docs = Path(args.docs) if args.docs else folder.parent
+    if args.print:
+        for name in TABLES:
+            print(
+                f"<!-- table:{name} -->\n\n{render(folder, name)}\n\n<!-- /table -->\n"
+            )
+        return 0
+    problems = process(folder, docs, write=not args.check)
+    if args.check:
+        for pr in problems:
+            print(pr)
+        print(
+            f"{len(problems)} difference(s) between the docs and the JSON in {folder}"
+        )
+        return 1 if problems else 0
+    # Written: only what could not be regenerated is left to report.
+    left = [pr for pr in problems if "differs from its JSON" not in pr]
+    for pr in left:
+        print(pr)
+    return 1 if left else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

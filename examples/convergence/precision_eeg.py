@@ -14,7 +14,7 @@ configuration. Every policy uses `kmp.DistributedOptimizer(Adam(3e-3))`
 dynamically. Each seed trains every configuration from the same seed, so
 differences can be paired by seed.
 
-    python examples/convergence/precision_eeg.py /work/shared/data/SelfRegulationSCP1.npz \
+    python examples/convergence/precision_eeg.py /path/to/SelfRegulationSCP1.npz \
         --out docs/benchmarks/convergence_precision.json
     python examples/convergence/precision_eeg.py DATA --smoke   # seconds
 
