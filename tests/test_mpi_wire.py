@@ -98,3 +98,31 @@ def test_embedding_trained_with_sparse_gradients_equals_dense(np_):
     assert len({r["float16_wire_auto_digest"] for r in recs}) == 1
     assert all(r["float16_wire_auto_allgathers"] == 6 for r in recs)
     assert all(r["float16_wire_auto_vs_dense"] < 1e-2 for r in recs)
+
+
+def test_allreduce_benchmark_cli_measures_every_wire_in_graph(tmp_path):
+    """`python -m keras_mpfp16.benchmark allreduce` keeps working (tiny sizes)."""
+    import json
+    from pathlib import Path
+
+    import keras_mpfp16
+
+    main = Path(keras_mpfp16.__file__).parent / "benchmark" / "__main__.py"
+    out = tmp_path / "allreduce.json"
+    result = run_mpi(
+        2,
+        str(main),
+        "allreduce",
+        "--sizes",
+        "4096,65536",
+        "--rounds",
+        "1",
+        "--out",
+        str(out),
+        timeout=180,
+    )
+    assert result.returncode == 0, result.describe()
+    records = json.loads(out.read_text())["records"]
+    variants = {r["variant"] for r in records}
+    assert {f"ours_graph_{w}" for w in WIRES} <= variants, variants
+    assert all(r["seconds"] > 0 for r in records)

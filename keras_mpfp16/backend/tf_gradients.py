@@ -258,8 +258,12 @@ def _encode(rows, wire_dtype: str, flag: bool, slots=None, force_flag=None):
     return tf.concat(pieces, 1)
 
 
-def _decode(words, wire_dtype: str, length: int, scale: float):
-    """uint16 rows [exponent, flags, values...] -> (flat float32[:length], finite)."""
+def _decode(words, wire_dtype: str, scale: float):
+    """uint16 rows [exponent, flags, values...] -> (flat float32, finite).
+
+    The flat vector keeps the rows' padding at its end: callers split it off
+    (a split is a pass they make anyway; a slice here would be another).
+    """
     values = tf.cast(tf.bitcast(words[:, _H:], _TF_WIRE[wire_dtype]), tf.float32)
     if wire_dtype == "float16":
         exp = tf.cast(tf.bitcast(words[:, 0], tf.int16), tf.int32)
@@ -269,21 +273,31 @@ def _decode(words, wire_dtype: str, length: int, scale: float):
         values = values * factor[:, None]
     elif scale != 1.0:
         values = values * scale
-    flat = tf.reshape(values, [-1])[:length]
+    flat = tf.reshape(values, [-1])
     flags = tf.bitwise.bitwise_and(words[:, 1], wire.FLAG_NONFINITE)
     return flat, tf.reduce_all(tf.equal(flags, 0))
 
 
 def _owner_sum(recv, wire_dtype: str, slot_words: int):
     """The owner's step, in eager TensorFlow: float32 sum of the received rows,
-    encoded as one row with its own exponent and non-finite flag."""
+    encoded as one row with its own exponent and non-finite flag.
+
+    Eager ops, not a tf.function: called from a py_function, whose thread may
+    be the rank's only inter-op thread, a nested function call would wait
+    for that thread forever. Eager kernels run inline.
+    """
     values = tf.cast(
         tf.bitcast(recv[:, _H + slot_words :], _TF_WIRE[wire_dtype]), tf.float32
     )
     if wire_dtype == "float16":
         exp = tf.cast(tf.bitcast(recv[:, 0], tf.int16), tf.int32)
-        values = values * _pow2(-exp)[:, None]
-    partial = tf.reduce_sum(values, axis=0)
+        weights = _pow2(-exp)
+    else:
+        weights = tf.ones([recv.shape[0]], tf.float32)
+    # sum_r weight_r * row_r as one (1 x N) @ (N x c) product: a single read of
+    # the rows (3-4x faster here than scaling, then reducing). The weights are
+    # powers of two, so every product is exact; only the sum rounds.
+    partial = tf.matmul(weights[None, :], values)[0]
     carried = tf.reduce_any(
         tf.not_equal(tf.bitwise.bitwise_and(recv[:, 1], wire.FLAG_NONFINITE), 0)
     )
@@ -393,9 +407,11 @@ def _reduce_bucket(
 ):
     """Reduces the concatenation of float32 `parts` (`length` elements).
 
-    Returns `(flat, finite, table)`: the reduced float32 vector (averaged when
-    `average`), whether it is all finite (identical on all ranks), and for the
-    first bucket the (ranks, 2 + sparse) slot table (else None).
+    Returns `(flat, tail, finite, table)`: the reduced float32 vector (averaged
+    when `average`) followed by `tail` elements to drop (slots, padding: the
+    caller's split drops them, so no pass is spent slicing), whether it is all
+    finite (identical on all ranks), and for the first bucket the
+    (ranks, 2 + sparse) slot table (else None).
     """
     n, r = world.size(), world.rank()
     scale = 1.0 / n if average else 1.0
@@ -417,11 +433,11 @@ def _reduce_bucket(
             )
             out = outs[0]
             out.set_shape(flat.shape)
-            grads = out[:length] if first else out
-            finite = _graph_finite(grads)
+            finite = _graph_finite(out)  # the slots are finite integers
             if scale != 1.0:
-                grads = grads * scale
-            return grads, finite, (outs[1] if first else None)
+                out = out * scale
+            tail = int(flat.shape[0]) - length
+            return out, tail, finite, (outs[1] if first else None)
         # Host: numpy_function is stateful, so tf.function's automatic control
         # dependencies run the buckets' collectives in creation order on
         # every rank (same MPI call sequence everywhere, no deadlock).
@@ -439,8 +455,8 @@ def _reduce_bucket(
         )
         out = outs[0]
         out.set_shape(flat.shape)
-        grads = out[:length] if first else out
-        return grads, tf.reshape(outs[1], []), (outs[2] if first else None)
+        tail = int(flat.shape[0]) - length
+        return out, tail, tf.reshape(outs[1], []), (outs[2] if first else None)
     # 16-bit wire: encode in the graph, move bytes, decode in the graph.
     chunk = wire.chunk_length(length, n)
     pieces = list(parts)
@@ -459,8 +475,15 @@ def _reduce_bucket(
     )
     gathered = outs[0]
     gathered.set_shape([n, _H + chunk])
-    grads, finite = _decode(gathered, wire_dtype, length, scale)
-    return grads, finite, (outs[1] if first else None)
+    out, finite = _decode(gathered, wire_dtype, scale)
+    return out, n * chunk - length, finite, (outs[1] if first else None)
+
+
+def _split(flat, sizes, tail):
+    """`flat` cut into `sizes`, the `tail` dropped (one split, no extra slice)."""
+    if tail:
+        return tf.split(flat, [*sizes, tail])[:-1]
+    return tf.split(flat, sizes) if len(sizes) > 1 else [flat]
 
 
 # -- sparse gradients ----------------------------------------------------------------------
@@ -633,7 +656,7 @@ def allreduce_gradients(
         idx = [present[j] for j in bucket]
         parts = [tf.reshape(tf.cast(dense[i], tf.float32), [-1]) for i in idx]
         length = sum(shapes[i].num_elements() for i in idx)
-        flat, finite, tbl = _reduce_bucket(
+        flat, tail, finite, tbl = _reduce_bucket(
             parts,
             length,
             first=b == 0,
@@ -648,7 +671,7 @@ def allreduce_gradients(
             table = tbl
         finite_flags.append(finite)
         if idx:
-            pieces = tf.split(flat, [shapes[i].num_elements() for i in idx])
+            pieces = _split(flat, [shapes[i].num_elements() for i in idx], tail)
             for i, piece in zip(idx, pieces):
                 reduced[i] = tf.cast(tf.reshape(piece, shapes[i]), dense[i].dtype)
 
@@ -667,9 +690,10 @@ def allreduce_gradients(
 
         @tf.autograph.experimental.do_not_convert
         def dense_reduce(s=s, label=label):
-            out, fin, _ = _reduce_bucket(
+            size = s.num_rows * s.row_elems
+            out, tail, fin, _ = _reduce_bucket(
                 [s.local_dense()],
-                s.num_rows * s.row_elems,
+                size,
                 first=False,
                 step=step,
                 counts=counts,
@@ -678,7 +702,7 @@ def allreduce_gradients(
                 average=average,
                 device=device,
             )
-            return out, fin
+            return _split(out, [size], tail)[0], fin
 
         if mode == "sparse":
             out, fin = gather()

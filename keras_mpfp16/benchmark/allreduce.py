@@ -36,10 +36,11 @@ def run(sizes=None, rounds: int = 3, graph: bool = True) -> list[dict]:
     """Measures every size; returns one record per (size, variant).
 
     Variants: `raw_mpi4py` (`comm.Allreduce` float32 sum), `ours_<wire>`
-    (`runtime.allreduce_flat`, sum: the optimizer folds the 1/N of an average
-    into its unscaling pass), and `ours_graph_float32`: the full
-    in-train-step path (8 gradient tensors fused, reduced from a
-    `tf.numpy_function`, split back) when TensorFlow is available.
+    (`runtime.allreduce_flat`, the numpy entry point, sum: the optimizer
+    folds the 1/N of an average into its unscaling pass), and
+    `ours_graph_<wire>`: the full in-train-step path (8 gradient tensors
+    fused, encoded in-graph for 16-bit wires, reduced, decoded and split
+    back) when TensorFlow is available.
     """
     sizes = sizes or DEFAULT_SIZES
     comm = runtime.mpi_comm()
@@ -88,7 +89,8 @@ def _variants(comm, MPI, buf: np.ndarray, graph_fn) -> dict:
         )
     if graph_fn is not None:
         tensors = graph_fn.make_inputs(buf)
-        variants["ours_graph_float32"] = lambda: graph_fn(tensors)
+        for wire in WIRE_DTYPES:
+            variants[f"ours_graph_{wire}"] = lambda w=wire: graph_fn(tensors, w)
     return variants
 
 
@@ -100,19 +102,24 @@ def _graph_path():
         return None
     from keras_mpfp16.backend import tensorflow as bridge
 
-    @tf.function
-    def reduce(tensors):
-        out, finite = bridge.allreduce_gradients(
-            list(tensors),
-            shapes=[t.shape for t in tensors],
-            op="sum",
-            wire_dtype="float32",
-            bucket_bytes=2**30,
-        )
-        return out, finite
+    def make(wire):
+        @tf.function
+        def reduce(tensors):
+            out, finite = bridge.allreduce_gradients(
+                list(tensors),
+                shapes=[t.shape for t in tensors],
+                op="sum",
+                wire_dtype=wire,
+                bucket_bytes=2**30,
+            )
+            return out, finite
 
-    def call(tensors):
-        out, _ = reduce(tensors)
+        return reduce
+
+    fns = {wire: make(wire) for wire in WIRE_DTYPES}
+
+    def call(tensors, wire="float32"):
+        out, _ = fns[wire](tensors)
         return out
 
     def make_inputs(buf):

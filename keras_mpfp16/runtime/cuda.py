@@ -57,11 +57,12 @@ def _query_library() -> tuple[bool, str]:
             if symbol == "MPIX_GPU_query_support":  # MPICH: (gpu_type, *is_supported)
                 out = ctypes.c_int(0)
                 if fn(ctypes.c_int(1), ctypes.byref(out)) == 0:  # 1 = CUDA
-                    return bool(out.value), f"{symbol}() in {path}"
+                    return bool(out.value), f"{symbol} of {path}: {out.value}"
                 continue
             # Open MPI: only meaningful when its CUDA component is present,
             # which it reports at run time.
-            return bool(fn()), f"{symbol}() in {path}"
+            value = fn()
+            return bool(value), f"{symbol}() of {path} returned {value}"
     if not paths:
         return False, "no libmpi found among the loaded libraries"
     return False, f"{', '.join(paths)} exports no CUDA-support query"

@@ -9,7 +9,6 @@ float32 and mixed_float16 (loss scaling), and with a float16 wire.
 Prints one JSON line per rank.
 """
 
-import collections
 import json
 import os
 import zlib
@@ -18,10 +17,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+from call_counter import counting, gradient_calls  # noqa: E402
 
 import keras_mpfp16 as kmp  # noqa: E402
 from keras_mpfp16.backend import tf_gradients as tg  # noqa: E402
-from keras_mpfp16.runtime import world  # noqa: E402
 
 rank, n = kmp.rank(), kmp.size()
 VOCAB, DIM, T, B, STEPS = 3000, 16, 12, 8, 6
@@ -43,36 +42,14 @@ def build():
     )
 
 
-class CountingComm:
-    def __init__(self, comm):
-        self._comm = comm
-        self.calls = collections.Counter()
-
-    def __getattr__(self, name):
-        attr = getattr(self._comm, name)
-        if not callable(attr) or name.startswith("Get_"):
-            return attr
-
-        def counted(*args, **kwargs):
-            self.calls[name] += 1
-            return attr(*args, **kwargs)
-
-        return counted
-
-
 def train(mode, policy, wire="float32"):
     os.environ[tg.SPARSE_ENV] = mode
     keras.config.set_dtype_policy(policy)
     model = build()
     opt = kmp.DistributedOptimizer(keras.optimizers.Adam(1e-2), wire_dtype=wire)
     model.compile(optimizer=opt, loss="mse")
-    w = world.world()
-    counting = CountingComm(w.comm)
-    w.comm = counting
-    try:
+    with counting() as calls:
         model.fit(tokens, labels, batch_size=B, epochs=1, shuffle=False, verbose=0)
-    finally:
-        w.comm = counting._comm
     weights = model.get_weights()
     crc = 0
     for a in weights:
@@ -80,7 +57,7 @@ def train(mode, policy, wire="float32"):
     return {
         "weights": weights,
         "digest": crc,
-        "allgathers": counting.calls["Allgatherv"],
+        "allgathers": gradient_calls(calls).get("Allgatherv", 0),
         "skipped": int(opt.skipped_steps.numpy()),
         "scale": float(opt.dynamic_scale.numpy()),
     }

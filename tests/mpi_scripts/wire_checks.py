@@ -11,7 +11,6 @@ Keras train step makes.
 Prints one JSON line per rank.
 """
 
-import collections
 import json
 import os
 import zlib
@@ -21,11 +20,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from call_counter import counting, gradient_calls  # noqa: E402
 
 import keras_mpfp16 as kmp  # noqa: E402
 from keras_mpfp16 import runtime  # noqa: E402
 from keras_mpfp16.backend import tf_gradients as tg  # noqa: E402
-from keras_mpfp16.runtime import cuda, progress, world  # noqa: E402
+from keras_mpfp16.runtime import cuda, progress  # noqa: E402
 
 runtime.init()
 rank, n = runtime.rank(), runtime.size()
@@ -171,38 +171,14 @@ tg._reset_reduction_path()
 # -- MPI calls per Keras train step ---------------------------------------------------------
 
 
-class CountingComm:
-    """Forwards to the library's communicator, counting collective calls."""
-
-    def __init__(self, comm):
-        self._comm = comm
-        self.calls = collections.Counter()
-
-    def __getattr__(self, name):
-        attr = getattr(self._comm, name)
-        if not callable(attr) or name.startswith("Get_"):
-            return attr
-
-        def counted(*args, **kwargs):
-            self.calls[name] += 1
-            return attr(*args, **kwargs)
-
-        return counted
-
-
 def calls_per_step(model, x, y, wire, steps=4, batch=8):
     model.compile(
         optimizer=kmp.DistributedOptimizer("sgd", wire_dtype=wire), loss="mse"
     )
     model.fit(x, y, batch_size=batch, epochs=1, verbose=0)  # build, sync, trace
-    w = world.world()
-    counting = CountingComm(w.comm)
-    w.comm = counting
-    try:
+    with counting() as calls:
         model.fit(x[: steps * batch], y[: steps * batch], batch_size=batch, verbose=0)
-    finally:
-        w.comm = counting._comm
-    return {k: v / steps for k, v in sorted(counting.calls.items())}
+    return gradient_calls(calls, steps)
 
 
 xr = np.random.default_rng(rank).normal(size=(32, 8)).astype("float32")

@@ -1,0 +1,71 @@
+"""Counts the MPI calls the library makes, by communicator method and purpose.
+
+`with counting() as calls:` swaps the library's communicator for a proxy
+that counts every collective method called on it, keyed by the method and
+the name the library gives the collective (`stall.collective(name)`), so a
+test can tell gradient calls from, e.g., metric reductions or fit-start
+checks. `gradient_calls(calls)` keeps the calls made for the gradient
+reduction: its buckets, sparse gathers and (in releases before the step
+check rode in the first bucket) the separate step check.
+"""
+
+import collections
+import contextlib
+
+from keras_mpfp16.runtime import stall, world
+
+_names: list = []
+
+
+class CountingComm:
+    def __init__(self, comm, calls):
+        self._comm = comm
+        self._calls = calls
+
+    def __getattr__(self, name):
+        attr = getattr(self._comm, name)
+        if not callable(attr) or name.startswith("Get_"):
+            return attr
+
+        def counted(*args, **kwargs):
+            self._calls[(name, _names[-1] if _names else "")] += 1
+            return attr(*args, **kwargs)
+
+        return counted
+
+
+@contextlib.contextmanager
+def counting():
+    calls = collections.Counter()
+    original = stall.collective
+
+    @contextlib.contextmanager
+    def named(name):
+        _names.append(name)
+        try:
+            with original(name):
+                yield
+        finally:
+            _names.pop()
+
+    w = world.world()
+    comm = w.comm
+    stall.collective = named
+    w.comm = CountingComm(comm, calls)
+    try:
+        yield calls
+    finally:
+        w.comm = comm
+        stall.collective = original
+
+
+GRADIENT_NAMES = ("gradient allreduce", "sparse gradient", "step check")
+
+
+def gradient_calls(calls, steps: int = 1) -> dict:
+    """{method: calls per step} for the gradient reduction's collectives."""
+    out = collections.Counter()
+    for (method, name), count in calls.items():
+        if name.startswith(GRADIENT_NAMES):
+            out[method] += count
+    return {k: v / steps for k, v in sorted(out.items())}
