@@ -19,7 +19,14 @@ from keras_mpfp16.runtime import threads as _threads
 
 _threads.apply_thread_defaults()
 
-from keras_mpfp16 import callbacks, data, layers, optimizer, runtime  # noqa: E402
+from keras_mpfp16 import (  # noqa: E402
+    callbacks,
+    data,
+    layers,
+    optimizer,
+    runtime,
+    training,
+)
 from keras_mpfp16.data import shard  # noqa: E402
 from keras_mpfp16.optimizer import DistributedOptimizer, broadcast_variables  # noqa: E402
 from keras_mpfp16.runtime import (  # noqa: E402
@@ -35,6 +42,10 @@ from keras_mpfp16.runtime import (  # noqa: E402
     rank,
     size,
 )
+from keras_mpfp16.training import split_predict  # noqa: E402
+
+# fit/evaluate of DistributedOptimizer models run as one job on all ranks.
+training.install()
 
 __version__ = "0.1.0"
 
@@ -58,4 +69,6 @@ __all__ = [
     "rank",
     "runtime",
     "size",
+    "split_predict",
+    "training",
 ]

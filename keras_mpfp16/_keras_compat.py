@@ -30,11 +30,13 @@ _XLA_WARNING = (
 
 def _needs_host_collectives(model) -> bool:
     """Whether `model` is trained by a DistributedOptimizer over several processes."""
-    from keras_mpfp16 import runtime
     from keras_mpfp16.optimizer import DistributedOptimizer
+    from keras_mpfp16.runtime import world
 
     optimizer = getattr(model, "optimizer", None)
-    return isinstance(optimizer, DistributedOptimizer) and runtime.size() > 1
+    # No collective here: `compile` runs on whatever ranks call it, e.g. a
+    # `load_model` on rank 0 alone.
+    return isinstance(optimizer, DistributedOptimizer) and world.launched_size() > 1
 
 
 def install_jit_guard() -> bool:

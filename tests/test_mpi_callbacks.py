@@ -63,13 +63,15 @@ def test_logs_exact_output_on_rank_0_checkpoints_and_resume(np_, tmp_path):
     assert lrs[0] == pytest.approx(0.05, rel=RTOL)  # warmup starts at lr0
     assert max(lrs) > 0.05 * (np_ - 1)
 
-    # After fit the reduction is gone: a plain evaluate is per rank ...
-    assert len({str(r["after_fit_evaluate"]) for r in recs}) > 1
-    # ... and evaluate(callbacks=[GlobalMetrics()]) is global and exact.
+    # A plain evaluate on all ranks after fit (each rank passing its own
+    # shard) is global and exact, with or without GlobalMetrics (which is
+    # then redundant, not applied twice).
     for r in recs:
-        got = r["evaluate_global"]
-        for key in ("loss", "accuracy", "auc", "wmae"):
-            assert rel(got[key], ref["history"][f"val_{key}"][-1]) <= RTOL, key
+        for which in ("after_fit_evaluate", "evaluate_global"):
+            got = r[which]
+            for key in ("loss", "accuracy", "auc", "wmae"):
+                want = ref["history"][f"val_{key}"][-1]
+                assert rel(got[key], want) <= RTOL, (which, key)
 
     # Only rank 0 printed a progress bar and wrote files, all atomically.
     assert result.stdout.count("Epoch 1/3") == 1, result.stdout[-3000:]

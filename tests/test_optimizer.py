@@ -73,11 +73,63 @@ def test_unwraps_a_keras_loss_scale_optimizer():
             ValueError,
             "gradient_accumulation",
         ),
+        # An explicit 0 is an error naming it, not silently 2**15.
+        ({"optimizer": "adam", "initial_scale": 0}, ValueError, "initial_scale"),
+        (
+            {"optimizer": "adam", "non_trainable_sync": "batch"},
+            ValueError,
+            "'step', 'epoch'",
+        ),
     ],
 )
 def test_bad_arguments_name_the_value(kwargs, error, match):
     with pytest.raises(error, match=match):
         kmp.DistributedOptimizer(**kwargs)
+
+
+def test_loss_scaling_is_resolved_once_scale_and_unscale_agree():
+    """Created under float32, built under mixed_float16, traced again under
+    float32: the loss is still scaled by the scale the gradients are divided
+    by (before, scale_loss re-read the global policy and returned the loss
+    unscaled while the gradients were divided by 2**15)."""
+    keras.config.set_dtype_policy("float32")
+    opt = kmp.DistributedOptimizer("sgd")
+    keras.config.set_dtype_policy("mixed_float16")
+    model = tiny_model()
+    opt.build(model.trainable_variables)
+    keras.config.set_dtype_policy("float32")
+    assert opt.loss_scaling is True and opt.loss_scale_config.enabled is True
+    loss = keras.ops.convert_to_tensor(1.5)
+    assert float(opt.scale_loss(loss)) == 1.5 * 2.0**15
+
+
+def test_creating_and_loading_makes_no_mpi_call(tmp_path):
+    """`load_model` on one rank must not start MPI (a collective) or change
+    the console: the constructor has no side effects."""
+    import os
+    import subprocess
+    import sys
+
+    code = f"""
+import os
+os.environ["OMPI_COMM_WORLD_RANK"] = "1"  # as if launched as rank 1
+import keras, keras_mpfp16 as kmp
+keras.config.enable_interactive_logging()
+opt = kmp.DistributedOptimizer("adam")
+kmp.DistributedOptimizer.from_config(opt.get_config())
+model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+model.compile(optimizer=opt, loss="mse")
+model.save({str(tmp_path / "m.keras")!r})
+keras.models.load_model({str(tmp_path / "m.keras")!r})
+assert not kmp.runtime.is_initialized(), "MPI was initialised"
+assert keras.config.is_interactive_logging_enabled(), "output was silenced"
+print("ok")
+"""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env
+    )
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-3000:]
 
 
 def test_wrapping_twice_is_rejected():

@@ -188,3 +188,18 @@ def variable_values(variables) -> list[np.ndarray]:
     """Host copies of variables' values (eager)."""
     with tf.init_scope():
         return [np.asarray(v.numpy()) for v in variables]
+
+
+def after(dependencies, values: list) -> list:
+    """`values`, computed only once every tensor in `dependencies` exists.
+
+    In a traced step, ops with no data dependency on the batch (e.g. reading
+    and zeroing metric state) may run before the input iterator produced
+    the batch, or even when it raises end-of-data; routing them through
+    this makes them wait for the batch.
+    """
+    deps = [t for t in tf.nest.flatten(dependencies) if tf.is_tensor(t)]
+    if not deps:
+        return list(values)
+    with tf.control_dependencies(deps):
+        return [tf.identity(v) for v in values]

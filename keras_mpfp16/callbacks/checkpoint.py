@@ -14,6 +14,7 @@ import os
 import keras
 
 from keras_mpfp16 import runtime
+from keras_mpfp16.internals import keras as keras_internals
 
 # Keras's save functions dispatch on these endings, so temporary names keep them.
 _SUFFIXES = (".weights.h5", ".keras", ".h5")
@@ -54,6 +55,37 @@ def _fsync_dir(directory: str) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def atomic_write(filepath: str, write) -> None:
+    """Calls `write(path)` on a temporary file, then renames it to `filepath`.
+
+    The temporary file is `temporary_path(filepath)` (same directory, same
+    Keras suffix); it is fsync'ed before the atomic `os.replace`, and the
+    directory after it, so a crash at any point leaves either the previous
+    complete `filepath` or the new one. A URL (`gs://...`) is written
+    directly.
+
+    Args:
+        filepath: The final file.
+        write: `path -> None`, e.g. `lambda p: model.save(p)`.
+    """
+    filepath = os.fspath(filepath)
+    if "://" in filepath:
+        write(filepath)
+        return
+    tmp = temporary_path(filepath)
+    try:
+        write(tmp)
+        _fsync_file(tmp)
+        os.replace(tmp, filepath)
+    except BaseException:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        raise
+    _fsync_dir(os.path.dirname(filepath))
 
 
 class AtomicModelCheckpoint(keras.callbacks.ModelCheckpoint):
@@ -101,11 +133,15 @@ class AtomicModelCheckpoint(keras.callbacks.ModelCheckpoint):
     ```
     """
 
+    # Keras's hook for the writing (keras_internals.MODEL_CHECKPOINT_SAVE_METHOD:
+    # the seam checks its signature when keras_mpfp16 is imported).
     def _save_model(self, epoch, batch, logs):
         if not runtime.is_root():
             return
-        filepath = self._get_file_path(epoch, batch, logs)
-        if not self._should_save_model(epoch, batch, logs, filepath):
+        filepath = keras_internals.checkpoint_file_path(self, epoch, batch, logs)
+        if not keras_internals.checkpoint_should_save(
+            self, epoch, batch, logs, filepath
+        ):
             return
         if os.path.isdir(filepath):
             raise OSError(
@@ -121,21 +157,7 @@ class AtomicModelCheckpoint(keras.callbacks.ModelCheckpoint):
 
     def save_atomically(self, filepath: str) -> None:
         """Writes the checkpoint to a temporary file, then renames it to `filepath`."""
-        if "://" in filepath:
-            self.write(filepath)
-            return
-        tmp = temporary_path(filepath)
-        try:
-            self.write(tmp)
-            _fsync_file(tmp)
-            os.replace(tmp, filepath)
-        except BaseException:
-            try:
-                os.remove(tmp)
-            except OSError:
-                pass
-            raise
-        _fsync_dir(os.path.dirname(filepath))
+        atomic_write(filepath, self.write)
 
     def write(self, path: str) -> None:
         """Writes the model (or its weights) to `path`: the interruptible step."""

@@ -4,8 +4,8 @@ Keras metric state is additive: a `Mean` holds (total, count), a confusion-
 matrix metric holds counts, `AUC` holds per-threshold counts, the loss
 tracker is a `Mean` weighted by batch size. Summing every rank's per-step
 *increment* of that state therefore gives exactly the state one process
-would have after seeing all ranks' batches. `GlobalMetrics` does this inside
-the train and test steps:
+would have after seeing all ranks' batches. A `MetricReduction` does this
+inside the train and test steps:
 
 1. read the metric variables (the global state so far) and zero them,
 2. run the original step (the variables now hold this rank's increment),
@@ -17,12 +17,18 @@ in whatever order they are listed, see global, sample-weighted values (not a
 mean of per-rank means), per batch and per epoch, for training and
 validation.
 
+The same call can carry more per-step state (the replica-state layer above
+uses it for the averaged non-trainable variables and the per-rank
+learning-rate check): `averaged` variables travel as deltas and are set to
+their value before the step plus the mean delta, and `rank_slots` give every
+rank's values to every rank. Nothing costs a second MPI call.
+
 Unequal validation steps. Training steps are equal on all ranks (see
 `keras_mpfp16.shard`; the step counts are checked when training begins).
-Validation data sharded with `drop_remainder=False` may give one rank a step
-more than another. Each test step's reduction therefore also carries a flag
-"I am still evaluating"; a rank that has run out of batches keeps joining
-the reduction with zero increments (and adds the others' increments to its
+Validation data split over ranks may give one rank a batch more than
+another. Each test step's reduction therefore also carries a flag "I am
+still evaluating"; a rank that has run out of batches keeps joining the
+reduction with zero increments (and adds the others' increments to its
 state) until no rank is still evaluating, right before Keras turns the state
 into logs. Every rank ends with the same, complete, global state.
 """
@@ -31,6 +37,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 
 import keras
 import numpy as np
@@ -58,137 +65,139 @@ def metric_variables(model) -> list:
     return out
 
 
-class GlobalMetrics(keras.callbacks.Callback):
-    """Makes the logs of `fit` and `evaluate` exact over all ranks.
+def _flat64(tensors) -> list:
+    return [ops.reshape(ops.cast(t, "float64"), [-1]) for t in tensors]
 
-    Add it to the callbacks of `fit` (it may be anywhere in the list). While
-    it is active, the loss and every compiled metric, per batch and per
-    epoch, for training and validation, are the values one process would
-    compute over the union of all ranks' data: sample-weighted, not a mean of
-    per-rank means. The metric variables themselves hold the global state, so
-    `model.get_metrics_result()` is global as well.
 
-    Exact for metrics whose state is a sum over samples (all of Keras's
-    `Mean`-based metrics such as `"accuracy"` and `"mae"`, `Sum`,
-    confusion-matrix metrics such as `Precision`/`Recall`/`F1Score`, `AUC`,
-    `MeanIoU`, `R2Score`, and the loss). A metric whose state is not additive
-    (e.g. one that stores a running maximum, or assigns instead of adding)
-    would be summed over ranks anyway: keep such metrics out of a
-    distributed run, or compute them with `keras_mpfp16.allgather`.
+class MetricReduction:
+    """The in-step reduction of one model's metric state across ranks.
 
-    Keys that a custom `train_step`/`test_step` returns and that are not the
-    name of one of `model.metrics` pass through unchanged (they stay local).
-
-    The reduction is active during `fit` (and during `evaluate` or `predict`
-    calls that receive this callback) and removed at their end, so a later
-    `model.evaluate(...)` on one rank only does not wait for the others.
-    With one process it does nothing.
+    Installed around the model's `train_step`/`test_step` (see `step_hooks`)
+    and kept there: whether a step reduces is decided at run time by
+    `active` (a variable read inside the step), so switching between
+    evaluations that all ranks run together and evaluations one rank runs
+    alone never retraces the step functions.
 
     Args:
-        check_steps: Check, when training begins, that all ranks run the same
-            number of training steps per epoch, and raise a `ValueError`
-            listing them if not (instead of a hang in the first mismatched
-            collective).
-
-    Example:
-
-    ```python
-    import keras_mpfp16 as kmp
-
-    x, y = kmp.shard(x, y)
-    val = kmp.shard(x_val, y_val, drop_remainder=False)
-    model.compile(optimizer=kmp.DistributedOptimizer("adam"),
-                  loss="binary_crossentropy", metrics=["accuracy"])
-    model.fit(x, y, batch_size=32, epochs=3, validation_data=val,
-              callbacks=[kmp.callbacks.GlobalMetrics()])
-    ```
+        model: The compiled model.
+        averaged: Callable returning the variables whose per-step changes
+            are averaged over ranks in train steps (read when the train step
+            is traced).
+        rank_slots: Callable returning `(values, message)` when the train
+            step is traced: `values` is a list of float scalars that every
+            rank contributes; when the gathered `(ranks, len(values))` table
+            has rows that differ, training stops on every rank with
+            `message` (a format string whose `{}` receives the table).
+            None: no slots.
     """
 
-    def __init__(self, check_steps: bool = True):
-        super().__init__()
-        self.check_steps = bool(check_steps)
-        self._active = False
-        self._in_step = False  # Python-level: while a step is traced or run eagerly
-        self._finish_pending = False  # an evaluation must finish the protocol
-        self._training = False
+    def __init__(
+        self,
+        model,
+        averaged: Callable[[], list] | None = None,
+        rank_slots: Callable[[], tuple] | None = None,
+    ):
+        self.model = model
+        self.averaged = averaged
+        self.rank_slots = rank_slots
+        # Host-side state, written by callbacks between steps.
+        self.active = keras.Variable(1, dtype="int32", trainable=False)
+        self.finish_pending = False
+        self._in_step = False
         self._own_get_metrics_result = None
+        self._installed = False
 
     # -- installation -------------------------------------------------------------
 
-    def set_model(self, model):
-        super().set_model(model)
-        if runtime.size() == 1 or not getattr(model, "compiled", False):
-            return
-        if self._active:
-            return
-        self._guard_jit(model)
-        # One reduction per model: a later GlobalMetrics (or one in the next
-        # fit, after a fit that raised) replaces an earlier one.
+    def install(self, owner: object) -> None:
+        model = self.model
         step_hooks.install(
             model,
             _KEY,
-            train=self._wrap,
-            test=self._wrap,
+            train=self._wrap_train,
+            test=self._wrap_test,
             priority=_PRIORITY,
-            owner=self,
+            owner=owner,
         )
         own = model.__dict__.get("get_metrics_result")
-        while isinstance(getattr(own, "__self__", None), GlobalMetrics):
+        while isinstance(getattr(own, "__self__", None), MetricReduction):
             own = own.__self__._own_get_metrics_result
         self._own_get_metrics_result = own
         model.get_metrics_result = self._get_metrics_result
-        self._active = True
+        self._installed = True
 
-    def _remove(self):
-        if not self._active:
+    def uninstall(self, owner: object) -> None:
+        if not self._installed:
             return
         model = self.model
-        step_hooks.uninstall(model, _KEY, owner=self)
+        step_hooks.uninstall(model, _KEY, owner=owner)
         if model.__dict__.get("get_metrics_result") == self._get_metrics_result:
             if self._own_get_metrics_result is not None:
                 model.get_metrics_result = self._own_get_metrics_result
             else:
                 del model.get_metrics_result
         self._own_get_metrics_result = None
-        self._active = False
+        self._installed = False
 
-    @staticmethod
-    def _guard_jit(model):
-        # The reduction is an MPI call from the host, which XLA cannot compile.
-        if getattr(model, "jit_compile", False):
-            warnings.warn(
-                "keras_mpfp16: GlobalMetrics turns off XLA (jit_compile) for this "
-                "model: the metric reduction is an MPI call from the host inside "
-                "the step, which XLA cannot compile.",
-                stacklevel=3,
-            )
-            model.jit_compile = False
+    def set_active(self, active: bool) -> None:
+        self.active.assign(1 if active else 0)
 
     # -- the in-step reduction -----------------------------------------------------
 
-    def _reduce_in_step(self, step, data):
-        model = self.model
-        variables = metric_variables(model)
+    def _reduce(self, flat):
+        bridge = backends.bridge()
+        return ops.cond(
+            ops.greater(self.active, 0),
+            lambda: bridge.allreduce_tensors([flat], op="sum")[0],
+            lambda: flat,
+        )
+
+    def _reduce_in_step(self, step, data, training: bool):
+        variables = metric_variables(self.model)
         # ops.copy, not convert_to_tensor: on TensorFlow the latter returns
-        # the variable itself, which would be read *after* the step.
-        state = [ops.copy(v) for v in variables]
-        for v in variables:
-            v.assign(ops.zeros(v.shape, v.dtype))
+        # the variable itself, which would be read *after* the step. Read and
+        # zero only once the batch exists: with a dataset of unknown length
+        # the step after the last batch fails inside the iterator, and state
+        # zeroed before that would be lost.
+        state = backends.bridge().after(data, [ops.copy(v) for v in variables])
+        zeros = backends.bridge().after(
+            state, [ops.zeros(v.shape, v.dtype) for v in variables]
+        )
+        for v, z in zip(variables, zeros):
+            v.assign(z)
+        averaged = list(self.averaged()) if (training and self.averaged) else []
+        before = [ops.copy(v) for v in averaged]
+        slots, message = (
+            self.rank_slots() if (training and self.rank_slots) else ([], "")
+        )
         logs = step(data)
         increments = [ops.copy(v) for v in variables]
-        # One float64 vector (exact for counts < 2**53) whose last entry is
-        # 1: "this rank ran a step" (see `_finish_evaluation`).
-        flat = ops.concatenate(
-            [ops.reshape(ops.cast(t, "float64"), [-1]) for t in increments]
-            + [ops.ones((1,), "float64")]
-        )
-        (summed,) = backends.bridge().allreduce_tensors([flat], op="sum")
+        deltas = [ops.subtract(ops.copy(v), b) for v, b in zip(averaged, before)]
+        n, r = runtime.size(), runtime.rank()
+        parts = _flat64(increments) + _flat64(deltas)
+        if slots:
+            row = ops.stack([ops.cast(s, "float64") for s in slots])
+            onehot = ops.convert_to_tensor(np.eye(n)[r][:, None], "float64")
+            parts.append(ops.reshape(onehot * row[None, :], [-1]))
+        # The last entry is 1: "this rank ran a step" (see `_finish_evaluation`).
+        parts.append(ops.ones((1,), "float64"))
+        summed = self._reduce(ops.concatenate(parts))
         offset = 0
         for v, s in zip(variables, state):
             size = math.prod(v.shape)
             part = ops.reshape(summed[offset : offset + size], v.shape)
             v.assign(ops.add(s, ops.cast(part, v.dtype)))
             offset += size
+        for v, b in zip(averaged, before):
+            size = math.prod(v.shape)
+            mean = ops.reshape(summed[offset : offset + size], v.shape) / n
+            # before + mean delta: an unchanged variable keeps its exact bits.
+            v.assign(ops.cast(ops.add(ops.cast(b, "float64"), mean), v.dtype))
+            offset += size
+        if slots:
+            table = ops.reshape(summed[offset : offset + n * len(slots)], (n, -1))
+            differs = ops.any(ops.not_equal(table, table[0:1]))
+            backends.bridge().raise_if(differs, message, table)
         return self._merge_logs(logs)
 
     def _merge_logs(self, logs):
@@ -197,15 +206,21 @@ class GlobalMetrics(keras.callbacks.Callback):
         fresh = self._original_get_metrics_result()
         return {k: fresh.get(k, v) for k, v in logs.items()}
 
-    def _wrap(self, step):
+    def _wrap(self, step, training: bool):
         def wrapped(data):
             self._in_step = True
             try:
-                return self._reduce_in_step(step, data)
+                return self._reduce_in_step(step, data, training)
             finally:
                 self._in_step = False
 
         return wrapped
+
+    def _wrap_train(self, step):
+        return self._wrap(step, training=True)
+
+    def _wrap_test(self, step):
+        return self._wrap(step, training=False)
 
     # -- end of an evaluation: ranks with fewer batches catch up ------------------
 
@@ -217,8 +232,8 @@ class GlobalMetrics(keras.callbacks.Callback):
     def _get_metrics_result(self):
         # Keras calls this inside the step (compute_metrics) and after the
         # last batch of an epoch or evaluation (_get_metrics_result_or_logs).
-        if self._finish_pending and not self._in_step:
-            self._finish_pending = False
+        if self.finish_pending and not self._in_step:
+            self.finish_pending = False
             self._finish_evaluation()
         return self._original_get_metrics_result()
 
@@ -246,20 +261,106 @@ class GlobalMetrics(keras.callbacks.Callback):
                     v.assign(ops.add(v, ops.cast(part, v.dtype)))
                 offset += size
 
-    # -- callback hooks -------------------------------------------------------------
+
+def guard_jit(model, what: str) -> None:
+    """Turns XLA off for `model`: an in-step MPI call cannot be XLA-compiled."""
+    if getattr(model, "jit_compile", False):
+        warnings.warn(
+            f"keras_mpfp16: {what} turns off XLA (jit_compile) for this model: "
+            "the metric reduction is an MPI call from the host inside the step, "
+            "which XLA cannot compile.",
+            stacklevel=3,
+        )
+        model.jit_compile = False
+
+
+def check_equal_steps(steps) -> None:
+    """Raises on every rank when ranks would run different training steps."""
+    table = runtime.allgather(np.int64(-1 if steps is None else steps))
+    if (table >= 0).all() and len(set(table.tolist())) > 1:
+        raise ValueError(
+            "Ranks would run different numbers of training steps per epoch: "
+            + ", ".join(f"rank {r}: {s}" for r, s in enumerate(table.tolist()))
+            + ". Every rank must run the same number of steps; shard the "
+            "training data with keras_mpfp16.shard(...) (drop_remainder=True)."
+        )
+
+
+class GlobalMetrics(keras.callbacks.Callback):
+    """Makes the logs of `fit` and `evaluate` exact over all ranks.
+
+    A model compiled with a `keras_mpfp16.DistributedOptimizer` does this by
+    itself in `fit` and in `evaluate` called on all ranks: this callback is
+    then not needed (and harmless: it is not applied twice). Use it for a
+    model compiled with any other optimizer whose ranks evaluate different
+    data, e.g. `model.evaluate(*kmp.shard(x, y, drop_remainder=False),
+    callbacks=[GlobalMetrics()])` on every rank.
+
+    While it is active, the loss and every compiled metric, per batch and per
+    epoch, for training and validation, are the values one process would
+    compute over the union of all ranks' data: sample-weighted, not a mean of
+    per-rank means. The metric variables themselves hold the global state, so
+    `model.get_metrics_result()` is global as well.
+
+    Exact for metrics whose state is a sum over samples (all of Keras's
+    `Mean`-based metrics such as `"accuracy"` and `"mae"`, `Sum`,
+    confusion-matrix metrics such as `Precision`/`Recall`/`F1Score`, `AUC`,
+    `MeanIoU`, `R2Score`, and the loss). A metric whose state is not additive
+    (e.g. one that stores a running maximum, or assigns instead of adding)
+    would be summed over ranks anyway: keep such metrics out of a
+    distributed run, or compute them with `keras_mpfp16.allgather`.
+
+    Keys that a custom `train_step`/`test_step` returns and that are not the
+    name of one of `model.metrics` pass through unchanged (they stay local).
+
+    Used this way, the reduction is active during the `fit`, `evaluate` or
+    `predict` call that receives this callback and removed at its end. With
+    one process it does nothing.
+
+    Args:
+        check_steps: Check, when training begins, that all ranks run the same
+            number of training steps per epoch, and raise a `ValueError`
+            listing them if not (instead of a hang in the first mismatched
+            collective).
+
+    Example:
+
+    ```python
+    import keras_mpfp16 as kmp
+
+    model.compile(optimizer="adam", loss="mse", metrics=["mae"])
+    model.load_weights("trained.weights.h5")
+    logs = model.evaluate(*kmp.shard(x, y, drop_remainder=False),
+                          callbacks=[kmp.callbacks.GlobalMetrics()],
+                          return_dict=True)  # the same, global, on every rank
+    ```
+    """
+
+    def __init__(self, check_steps: bool = True):
+        super().__init__()
+        self.check_steps = bool(check_steps)
+        self._reduction: MetricReduction | None = None
+        self._training = False
+
+    def set_model(self, model):
+        super().set_model(model)
+        if runtime.size() == 1 or not getattr(model, "compiled", False):
+            return
+        if self._reduction is not None or step_hooks.installed(model, _KEY):
+            return  # already reduced (by us, or by the DistributedOptimizer's run)
+        guard_jit(model, "GlobalMetrics")
+        self._reduction = MetricReduction(model)
+        self._reduction.install(owner=self)
+
+    def _remove(self):
+        if self._reduction is not None:
+            self._reduction.uninstall(owner=self)
+            self._reduction = None
 
     def on_train_begin(self, logs=None):
         self._training = True
-        if self._active and self.check_steps:
-            steps = (self.params or {}).get("steps")
-            table = runtime.allgather(np.int64(-1 if steps is None else steps))
-            if (table >= 0).all() and len(set(table.tolist())) > 1:
-                raise ValueError(
-                    "Ranks would run different numbers of training steps per epoch: "
-                    + ", ".join(f"rank {r}: {s}" for r, s in enumerate(table.tolist()))
-                    + ". Every rank must run the same number of steps; shard the "
-                    "training data with keras_mpfp16.shard(...) (drop_remainder=True)."
-                )
+        if self._reduction is not None and self.check_steps:
+            check_equal_steps((self.params or {}).get("steps"))
 
     def on_epoch_begin(self, epoch, logs=None):
         # Lets the gradient reduction's step check name the epoch too.
@@ -270,10 +371,10 @@ class GlobalMetrics(keras.callbacks.Callback):
         self._remove()
 
     def on_test_begin(self, logs=None):
-        if self._active:
+        if self._reduction is not None:
             # Every rank enters the evaluation, even one without batches, so
             # every rank joins `_finish_evaluation` when Keras reads the logs.
-            self._finish_pending = True
+            self._reduction.finish_pending = True
 
     def on_test_end(self, logs=None):
         if not self._training:  # evaluate(callbacks=[GlobalMetrics()])

@@ -379,6 +379,130 @@ def reset_step_functions(
         setattr(model, name, None)
 
 
+# -- the multi-process fit/evaluate (keras_mpfp16.training, the lead's) -------
+
+FLATTEN_LAYERS = _register(
+    "keras.flatten_layers",
+    "keras.layers.Layer._flatten_layers",
+    "replica state: telling frozen layers' weights from the non-trainable "
+    "statistics that are averaged over ranks",
+)
+_check_signature(
+    FLATTEN_LAYERS,
+    getattr(keras.layers.Layer, "_flatten_layers", None),
+    ("include_self", "recursive"),
+)
+
+
+def flatten_layers(model: keras.layers.Layer) -> list:
+    """`model` and every layer nested in it (sublayers of layers included)."""
+    return list(model._flatten_layers(include_self=True, recursive=True))
+
+
+INITIAL_EPOCH = _register(
+    "keras.get_initial_epoch",
+    "Model._initial_epoch (set by BackupAndRestore, read by fit)",
+    "resuming: every rank starts fit at the epoch rank 0 restored",
+)
+
+
+def get_initial_epoch(model: keras.Model) -> int | None:
+    """The epoch a `BackupAndRestore` restore told `fit` to start from, or None."""
+    if not hasattr(model, "_initial_epoch"):
+        raise _error(INITIAL_EPOCH, f"{type(model).__name__} has no `_initial_epoch`")
+    return model._initial_epoch
+
+
+def set_initial_epoch(model: keras.Model, epoch: int | None) -> None:
+    """Tells `fit` which epoch to start from (what `BackupAndRestore` does)."""
+    get_initial_epoch(model)  # raises if Keras no longer has it
+    model._initial_epoch = epoch
+
+
+BACKUP_PATHS = _register(
+    "keras.backup_paths",
+    "keras.callbacks.BackupAndRestore._weights_path / _training_metadata_path",
+    "BackupAndRestore under mpirun (rank 0 writes its two files atomically, as one)",
+)
+
+
+def backup_paths(callback: keras.callbacks.BackupAndRestore) -> tuple[str, str]:
+    """The weights file and the metadata file a `BackupAndRestore` reads and writes."""
+    try:
+        return callback._weights_path, callback._training_metadata_path
+    except AttributeError as exc:
+        raise _error(BACKUP_PATHS, str(exc)) from None
+
+
+def set_backup_paths(
+    callback: keras.callbacks.BackupAndRestore, weights: str, metadata: str
+) -> None:
+    """Points a `BackupAndRestore`'s writes (and reads) at other files."""
+    backup_paths(callback)  # raises if Keras no longer has them
+    callback._weights_path = weights
+    callback._training_metadata_path = metadata
+
+
+ARRAY_DATASET = _register(
+    "keras.array_datasets_without_autotune",
+    "keras.src.trainers.data_adapters.array_data_adapter.ArrayDataAdapter.get_tf_dataset",
+    "the tf.data teardown workaround (fit/evaluate on arrays without the "
+    "up-to-60-s stall when an epoch's input iterator is destroyed)",
+)
+_array_adapter = _resolve(
+    ARRAY_DATASET,
+    "keras.src.trainers.data_adapters.array_data_adapter",
+    "ArrayDataAdapter",
+)
+if _array_adapter is not None:
+    _check_signature(ARRAY_DATASET, getattr(_array_adapter, "get_tf_dataset", None), ())
+
+
+class array_datasets_without_autotune:  # noqa: N801 - used like a function
+    """Context manager: Keras's `tf.data` pipelines for array inputs run
+    without tf.data autotuning while it is active.
+
+    Why: each epoch Keras replaces the iterator of the dataset it builds for
+    numpy inputs, and destroying an iterator waits for tf.data's autotuning
+    thread, which sleeps between optimisation rounds for up to 60 s (its
+    period doubles from 10 ms). The wait lands between the last batch and
+    validation, after validation, and when `fit` returns: measured here
+    0.1-9.5 s per iterator after short runs, 12-35 s reported after
+    100-s epochs. With autotuning off there is no such thread; the pipeline
+    (an index gather per batch) does not need tuning.
+
+    Re-entrant; only affects datasets Keras builds while it is active.
+    """
+
+    _depth = 0
+    _original = None
+
+    def __enter__(self):
+        cls = type(self)
+        if cls._depth == 0:
+            original = _array_adapter.get_tf_dataset
+
+            def get_tf_dataset(adapter):
+                import tensorflow as tf
+
+                options = tf.data.Options()
+                options.autotune.enabled = False
+                return original(adapter).with_options(options)
+
+            cls._original = original
+            _array_adapter.get_tf_dataset = get_tf_dataset
+        cls._depth += 1
+        return self
+
+    def __exit__(self, *exc):
+        cls = type(self)
+        cls._depth -= 1
+        if cls._depth == 0:
+            _array_adapter.get_tf_dataset = cls._original
+            cls._original = None
+        return False
+
+
 # Every problem found on import, in one error.
 if _import_problems:
     raise KerasInternalsError(_import_problems)
@@ -533,6 +657,59 @@ def _probe_step_functions() -> None:
         raise AssertionError("the rebuilt train function did not call train_step")
 
 
+def _probe_flatten_layers() -> None:
+    model = _tiny_model()
+    if model not in flatten_layers(model) or len(flatten_layers(model)) < 2:
+        raise AssertionError("flatten_layers did not list the model and its layers")
+
+
+def _probe_initial_epoch() -> None:
+    model = _tiny_model()
+    before = get_initial_epoch(model)
+    set_initial_epoch(model, 3)
+    if get_initial_epoch(model) != 3:
+        raise AssertionError("_initial_epoch did not round-trip")
+    set_initial_epoch(model, before)
+
+
+def _probe_backup_paths() -> None:
+    import os
+    import shutil
+    import tempfile
+
+    directory = tempfile.mkdtemp()
+    callback = keras.callbacks.BackupAndRestore(directory)
+    weights, metadata = backup_paths(callback)
+    if os.path.dirname(weights) != directory or os.path.dirname(metadata) != directory:
+        raise AssertionError(f"unexpected backup paths {weights!r}, {metadata!r}")
+    # The redirected paths are the ones the callback writes.
+    model = _tiny_model()
+    model.compile(optimizer="sgd", loss="mse")
+    callback.set_model(model)
+    elsewhere = tempfile.mkdtemp()
+    staged = [os.path.join(elsewhere, os.path.basename(p)) for p in (weights, metadata)]
+    set_backup_paths(callback, *staged)
+    callback.on_epoch_end(0)
+    if not all(os.path.exists(p) for p in staged):
+        raise AssertionError("BackupAndRestore did not write to the redirected paths")
+    for d in (directory, elsewhere):
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _probe_array_datasets() -> None:
+    if keras.backend.backend() != "tensorflow":
+        return
+    import numpy as np
+
+    model = _tiny_model()
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = np.zeros((4, 2), "float32"), np.zeros((4, 1), "float32")
+    with array_datasets_without_autotune():
+        model.evaluate(x, y, batch_size=2, verbose=0)
+    if _array_adapter.get_tf_dataset is array_datasets_without_autotune._original:
+        raise AssertionError("the adapter was not restored")
+
+
 _PROBES = {
     RNN_LOOP.accessor: _probe_rnn_loop,
     AUTOCAST_SCOPE.accessor: _probe_read_uncast,
@@ -543,6 +720,10 @@ _PROBES = {
     BASE_OPTIMIZER_BUILD.accessor: _probe_build_optimizer_base,
     MODEL_CHECKPOINT_HOOKS.accessor: _probe_checkpoint_hooks,
     STEP_FUNCTIONS.accessor: _probe_step_functions,
+    FLATTEN_LAYERS.accessor: _probe_flatten_layers,
+    INITIAL_EPOCH.accessor: _probe_initial_epoch,
+    BACKUP_PATHS.accessor: _probe_backup_paths,
+    ARRAY_DATASET.accessor: _probe_array_datasets,
 }
 
 
@@ -567,6 +748,12 @@ def check() -> dict[str, str | None]:
 __all__ = [
     "MODEL_CHECKPOINT_SAVE_METHOD",
     "REGISTRY",
+    "array_datasets_without_autotune",
+    "backup_paths",
+    "flatten_layers",
+    "set_backup_paths",
+    "get_initial_epoch",
+    "set_initial_epoch",
     "build_optimizer_base",
     "check",
     "checkpoint_file_path",

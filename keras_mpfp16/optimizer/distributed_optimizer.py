@@ -7,9 +7,9 @@ from typing import Any
 import keras
 from keras import ops
 
+from keras_mpfp16 import _validate, runtime
 from keras_mpfp16 import backend as backends
-from keras_mpfp16 import runtime
-from keras_mpfp16.callbacks.rank_output import quiet_non_root_ranks
+from keras_mpfp16.internals import keras as keras_internals
 from keras_mpfp16.optimizer.buckets import DEFAULT_BUCKET_MB
 from keras_mpfp16.optimizer.loss_scale import (
     LossScaleConfig,
@@ -48,9 +48,13 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
     averaged (fused into buckets, one MPI call per bucket), then a single
     decision is taken from the *reduced* gradients, so it is identical on every
     rank: if they are finite the step is applied, otherwise it is skipped and
-    the loss scale backs off. Before the first update, rank 0's weights and
-    optimizer state are broadcast, so ranks that built their models from
-    different random seeds train one model.
+    the loss scale backs off. Before the first step of `fit`, rank 0's value
+    of every model and optimizer variable is broadcast, so ranks that built
+    their models from different random seeds train one model; non-trainable
+    state that training changes (BatchNormalization statistics) is averaged
+    every step; logs are global and validation is split over the ranks (see
+    `keras_mpfp16.training`). In a custom training loop (no `fit`), the
+    broadcast happens inside the first update instead.
 
     It subclasses `keras.optimizers.LossScaleOptimizer`, so `compile()` under
     the `mixed_float16` policy uses it as it is instead of wrapping it again.
@@ -58,7 +62,10 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
     under `float32` and `mixed_bfloat16`, where non-finite steps are still
     skipped and `max_consecutive_nonfinite` of them in a row stop training.
 
-    With one process there are no MPI calls in the train step.
+    With one process there are no MPI calls in the train step. Creating,
+    building and loading it (`keras.models.load_model`), and `evaluate` or
+    `predict` of a model compiled with it on one rank alone, make no MPI call
+    either: collectives happen only where all ranks train together.
 
     Args:
         optimizer: A Keras optimizer instance or identifier (`"adam"`). A
@@ -89,8 +96,16 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         gradient_accumulation_steps: Alternative to setting it on the inner
             optimizer.
         check_replicas_every: Divergence guard, off by default. Every this
-            many update steps, a checksum of the weights is compared across
-            ranks and training stops, naming the ranks, if replicas differ.
+            many update steps, a checksum of every model and optimizer
+            variable (trainable and not) is compared across ranks and
+            training stops, naming the ranks, if replicas differ.
+        non_trainable_sync: When non-trainable variables that training
+            changes (BatchNormalization moving statistics) are averaged over
+            ranks: `"step"` (default; every step, in the same MPI call as the
+            metrics, so they are identical on every rank at all times) or
+            `"epoch"` (at the end of every epoch, before validation and at
+            the end of `fit`: fewer bytes per step for models with large
+            running statistics).
         name: Optional name.
 
     Example:
@@ -121,37 +136,32 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         max_consecutive_nonfinite: int = 10,
         gradient_accumulation_steps: int | None = None,
         check_replicas_every: int = 0,
+        non_trainable_sync: str = "step",
         name: str | None = None,
     ):
         inner = _resolve_optimizer(optimizer)
         if isinstance(inner, keras.optimizers.LossScaleOptimizer):
-            initial_scale = initial_scale or inner.initial_scale
-            growth_interval = growth_interval or inner.dynamic_growth_steps
+            if initial_scale is None:
+                initial_scale = inner.initial_scale
+            if growth_interval is None:
+                growth_interval = inner.dynamic_growth_steps
             inner = inner.inner_optimizer
-        if op not in ("average", "sum"):
-            raise ValueError(f"Unknown op {op!r}; allowed values are 'average', 'sum'.")
+        op = _validate.one_of("op", op, ("average", "sum"))
         wire_dtype = runtime.validate_wire_dtype(wire_dtype)
-        if not _is_number(bucket_size_mb) or not bucket_size_mb > 0:
-            raise ValueError(
-                f"bucket_size_mb must be a number > 0; received {bucket_size_mb!r}."
-            )
-        if not (loss_scale == "auto" or isinstance(loss_scale, bool)):
-            raise ValueError(
-                f"Unknown loss_scale {loss_scale!r}; allowed values are 'auto', True, False."
-            )
+        bucket_size_mb = _validate.number(
+            "bucket_size_mb", bucket_size_mb, minimum=0, min_inclusive=False
+        )
+        loss_scale = _validate.one_of("loss_scale", loss_scale, ("auto", True, False))
         accum = _resolve_accumulation(gradient_accumulation_steps, inner)
-        if (
-            isinstance(check_replicas_every, bool)
-            or not isinstance(check_replicas_every, int)
-            or check_replicas_every < 0
-        ):
-            raise ValueError(
-                "check_replicas_every must be an integer >= 0 (0 turns the guard "
-                f"off); received {check_replicas_every!r}."
-            )
+        check_replicas_every = _validate.non_negative_int(
+            "check_replicas_every", check_replicas_every
+        )
+        non_trainable_sync = _validate.one_of(
+            "non_trainable_sync", non_trainable_sync, ("step", "epoch")
+        )
         config = LossScaleConfig(
-            enabled=True,  # "auto" is resolved in build(), once the policy is final
-            initial_scale=float(initial_scale or 2.0**15),
+            enabled=True,  # "auto" is resolved once, see `loss_scaling`
+            initial_scale=float(2.0**15 if initial_scale is None else initial_scale),
             growth_interval=2000 if growth_interval is None else growth_interval,
             growth_factor=growth_factor,
             backoff_factor=backoff_factor,
@@ -160,8 +170,8 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
             max_scale=max_scale,
             max_consecutive_nonfinite=max_consecutive_nonfinite,
         )
-        runtime.init()
-        quiet_non_root_ranks()  # one progress bar per job, not one per rank
+        # No MPI, no output settings here: `load_model` calls this on whatever
+        # ranks load (maybe one). The runtime starts at the first collective.
         # We accumulate ourselves so gradients are reduced once per update;
         # the inner optimizer then only ever sees update steps.
         inner.gradient_accumulation_steps = None
@@ -178,19 +188,32 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         self.loss_scale = loss_scale
         self.accumulation_steps = accum
         self.check_replicas_every = check_replicas_every
+        self.non_trainable_sync = non_trainable_sync
         self._policy_at_init = keras.config.dtype_policy().name
+        self._loss_scaling: bool | None = None  # resolved once, see loss_scaling
+        self._refs = _References()
 
     # -- state -----------------------------------------------------------------
 
     @property
     def loss_scaling(self) -> bool:
-        """Whether the loss is scaled (resolved from `loss_scale` at build)."""
-        if self.loss_scale == "auto":
-            return "mixed_float16" in (
-                self._policy_at_init,
-                keras.config.dtype_policy().name,
-            )
-        return bool(self.loss_scale)
+        """Whether the loss is scaled.
+
+        Resolved once, at the first of `build` and `scale_loss`, and fixed
+        from then on: scaling the loss and unscaling the gradients always
+        agree, whatever happens to the global dtype policy later. `"auto"`
+        means: scale when the `mixed_float16` policy was active when the
+        optimizer was created or when it is first used.
+        """
+        if self._loss_scaling is None:
+            if self.loss_scale == "auto":
+                self._loss_scaling = "mixed_float16" in (
+                    self._policy_at_init,
+                    keras.config.dtype_policy().name,
+                )
+            else:
+                self._loss_scaling = bool(self.loss_scale)
+        return self._loss_scaling
 
     def build(self, var_list):
         if self.built:
@@ -223,15 +246,34 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
                 for v in var_list
             ]
         self.inner_optimizer.build(var_list)
-        keras.optimizers.Optimizer.build(self, var_list)
-        backends.bridge()  # raises now, not mid-step, on a backend without a bridge
-        check_same_variables(var_list)
+        keras_internals.build_optimizer_base(self, var_list)
+        self._refs.trained = list(var_list)
+        if self.accumulation_steps:
+            self._refs.accumulator_of = {
+                id(v): a for v, a in zip(var_list, self._accumulators)
+            }
+        # Raises now, not mid-step, on a backend without a bridge. No MPI
+        # here: the model signature is checked where ranks train together.
+        backends.bridge()
 
     def scale_loss(self, loss):
         if not self.loss_scaling:
             return loss
-        scale = self.dynamic_scale if self.built else self.initial_scale
+        scale = (
+            self.dynamic_scale
+            if self.built
+            else self.loss_scale_config.initial_state().scale
+        )
         return ops.multiply(loss, ops.cast(scale, loss.dtype))
+
+    def set_replica_variables(self, variables) -> None:
+        """Every variable `check_replicas_every` compares across ranks.
+
+        `fit` passes the whole model's and this optimizer's (see
+        `keras_mpfp16.training`); by default the trained variables and this
+        optimizer's.
+        """
+        self._refs.replica_variables = list(variables)
 
     # -- the train-step hot path --------------------------------------------------
 
@@ -241,21 +283,27 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         variables = (
             list(trainable_variables)
             if trainable_variables is not None
-            else list(self._trainable_variables)
+            else list(self._refs.trained)
         )
         grads = list(grads)
         if runtime.size() > 1:
-            # Before the first update: rank 0's weights, optimizer state and
-            # loss scale everywhere. Done inside the step because on the
-            # TensorFlow backend the optimizer (and a subclassed model) is
-            # built while the train function is traced, when variables have
-            # no values yet.
-            backends.bridge().sync_on_first_step(self, variables + self.variables)
+            # Training loops outside `fit` (which syncs before its first
+            # step): rank 0's weights, optimizer state and loss scale
+            # everywhere before the first update, after the model signature
+            # check. Inside the step because on the TensorFlow backend the
+            # optimizer (and a subclassed model) may be built while the train
+            # function is traced, when variables have no values yet.
+            signature = _signature(variables)
+            backends.bridge().sync_on_first_step(
+                self,
+                variables + self.variables,
+                check=lambda: check_signatures(signature),
+            )
         if not self.accumulation_steps:
             self._reduce_and_apply(grads, variables)
             return
         k = self.accumulation_steps
-        accs = [self._accumulators[self._get_variable_index(v)] for v in variables]
+        accs = [self._refs.accumulator_of[id(v)] for v in variables]
 
         def update():
             total = [None if g is None else (g + a) / k for g, a in zip(grads, accs)]
@@ -275,7 +323,9 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
 
     def _reduce_and_apply(self, grads, variables):
         bridge = backends.bridge()
-        passthrough = [self._overwrite_variable_with_gradient(v) for v in variables]
+        passthrough = [
+            bool(getattr(v, "overwrite_with_gradient", False)) for v in variables
+        ]
         # What the reduced sum is divided by, folded into the unscaling pass
         # below instead of costing a pass of its own on the host.
         divisor = 1.0
@@ -351,7 +401,8 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         self.nonfinite_streak.assign(new_state.nonfinite_streak)
         self.skipped_steps.assign_add(ops.cast(ops.logical_not(apply), "int64"))
         if self.check_replicas_every and runtime.size() > 1:
-            bridge.check_replicas(variables, step, self.check_replicas_every)
+            everything = self._refs.replica_variables or (variables + self.variables)
+            bridge.check_replicas(everything, step, self.check_replicas_every)
 
     def _train_step(self):
         """Update steps so far, applied or skipped (0-based, like `iterations`)."""
@@ -387,6 +438,7 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
             "max_consecutive_nonfinite": cfg.max_consecutive_nonfinite,
             "gradient_accumulation_steps": self.accumulation_steps,
             "check_replicas_every": self.check_replicas_every,
+            "non_trainable_sync": self.non_trainable_sync,
         }
 
     @classmethod
@@ -398,17 +450,23 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         return cls(inner, **config)
 
 
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+class _References:
+    """Plain references the optimizer keeps to variables it does not own.
+
+    A holder object, because Keras's optimizer tracks every variable (and
+    list of variables) assigned to one of its attributes as its own state.
+    """
+
+    def __init__(self):
+        self.trained: list = []  # the variables `build` was given
+        self.accumulator_of: dict = {}  # id(variable) -> gradient accumulator
+        self.replica_variables: list | None = None  # see set_replica_variables
 
 
 def _resolve_accumulation(steps, inner) -> int | None:
     inner_steps = inner.gradient_accumulation_steps
     if steps is not None:
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            raise ValueError(
-                f"gradient_accumulation_steps must be an integer >= 1; received {steps!r}."
-            )
+        steps = _validate.positive_int("gradient_accumulation_steps", steps)
         if inner_steps and inner_steps != steps:
             raise ValueError(
                 f"gradient_accumulation_steps={steps} conflicts with the inner "
@@ -418,23 +476,25 @@ def _resolve_accumulation(steps, inner) -> int | None:
     return steps if steps and steps > 1 else None
 
 
-def check_same_variables(variables) -> None:
-    """All ranks must train the same variables (count, shapes, dtypes).
+def _signature(variables) -> list[tuple]:
+    return [(v.path, tuple(v.shape), str(v.dtype)) for v in variables]
 
-    Called when the optimizer is built, before any gradient is reduced: a
-    mismatch would otherwise hang or silently mix unrelated tensors.
+
+def check_signatures(mine: list[tuple], what: str = "trainable variables") -> None:
+    """All ranks must hold the same variables (count, shapes, dtypes).
+
+    One allgather of every rank's `(path, shape, dtype)` list. Variable names
+    may differ between ranks (build order); shapes and dtypes may not.
 
     Raises:
-        ValueError: naming the first variable that differs from rank 0's.
+        ValueError: on every rank, naming the first variable that differs from
+            rank 0's and the counts on both ranks.
     """
-    if runtime.size() == 1:
-        return
-    mine = [(v.path, tuple(v.shape), str(v.dtype)) for v in variables]
     everyone = runtime.allgather_object(mine, name="model signature check")
     ref = everyone[0]
     for r, sig in enumerate(everyone[1:], start=1):
-        if sig == ref or [s[1:] for s in sig] == [s[1:] for s in ref]:
-            continue  # names may differ (build order); shapes and dtypes agree
+        if [s[1:] for s in sig] == [s[1:] for s in ref]:
+            continue
         for i in range(max(len(sig), len(ref))):
             a = ref[i] if i < len(ref) else None
             b = sig[i] if i < len(sig) else None
@@ -444,11 +504,17 @@ def check_same_variables(variables) -> None:
                     return "nothing" if v is None else f"{v[0]!r} shape {v[1]} {v[2]}"
 
                 raise ValueError(
-                    "keras_mpfp16: ranks are training different models. Rank 0 has "
-                    f"{len(ref)} trainable variables, rank {r} has {len(sig)}; first "
-                    f"difference at variable #{i}: rank 0 has {show(a)}, rank {r} has "
-                    f"{show(b)}."
+                    "keras_mpfp16: ranks are training different models (model "
+                    f"signature check): rank 0 has {len(ref)} {what}, rank {r} has "
+                    f"{len(sig)}; first difference at #{i}: rank 0 has {show(a)}, "
+                    f"rank {r} has {show(b)}. Build the same model on every rank."
                 )
+
+
+def check_same_variables(variables, what: str = "trainable variables") -> None:
+    """`check_signatures` of `variables` (every rank must call it)."""
+    if runtime.size() > 1:
+        check_signatures(_signature(variables), what)
 
 
 def broadcast_variables(variables, root_rank: int = 0) -> None:

@@ -82,9 +82,10 @@ def init(comm: Any = None) -> None:
         if old is not None:
             _free(old)
         # Keep a failure on one rank from hanging the others.
-        from keras_mpfp16.runtime import failure, stall
+        from keras_mpfp16.runtime import failure, rendezvous, stall
 
         stall.start(private)
+        rendezvous.start(private)
         failure.install_abort_on_exception(private.Get_rank(), private.Get_size())
 
 
@@ -154,6 +155,29 @@ def barrier() -> None:
 
     with stall.collective("barrier"):
         world().comm.Barrier()
+
+
+def launched_size() -> int:
+    """Processes in the job, without any collective call.
+
+    `size()` once the library is initialised; before that, what the MPI
+    launcher announces in the environment, else 1. For decisions a single
+    rank takes alone (e.g. while one rank loads a model), where `size()`'s
+    first-use initialisation (a collective) could wait for ranks that are
+    not coming.
+    """
+    if _world is not None:
+        return _world.comm.Get_size()
+    for var in (
+        "OMPI_COMM_WORLD_SIZE",  # Open MPI
+        "PMI_SIZE",  # MPICH / Hydra, Intel MPI
+        "MV2_COMM_WORLD_SIZE",  # MVAPICH
+        "SLURM_NTASKS",  # srun
+    ):
+        value = os.environ.get(var, "").strip()
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return 1
 
 
 def launcher_local_size() -> int | None:

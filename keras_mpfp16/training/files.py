@@ -1,0 +1,202 @@
+"""Stock file-writing callbacks made safe under mpirun, as users write them.
+
+N ranks running Keras's `ModelCheckpoint`, `BackupAndRestore`, `CSVLogger`
+or `TensorBoard` write the same files at the same time: HDF5 lock errors,
+corrupt zip files, `FileExistsError`, interleaved CSV lines. In `fit` of a
+model compiled with a `DistributedOptimizer` (more than one process):
+
+- `ModelCheckpoint`, `CSVLogger`, `TensorBoard`, `RemoteMonitor` (and
+  subclasses) run on rank 0 only; on the other ranks they are replaced by a
+  stand-in that only forwards `set_model`/`set_params`. All ranks hold the
+  same model and, with global logs, the same logs, so rank 0's files are the
+  job's.
+- On rank 0, `model.save` and `model.save_weights` write atomically while
+  `fit` runs (`atomic_saves`): to a temporary file in the same directory,
+  fsync'ed, then renamed over the target. A process killed mid-write leaves
+  the previous complete checkpoint.
+- `BackupAndRestore` writes on rank 0 only, and its weights and metadata
+  files replace the previous backup *together* (`SafeBackupAndRestore`): a
+  backup directory is written next to the real one and swapped in by
+  renames; a restart recovers whichever complete backup a crash left. Only
+  rank 0 restores; the other ranks receive rank 0's weights, optimizer state
+  and starting epoch before the first step (`training.replica`), so the
+  restart resumes on every rank from the same epoch, also with a backup
+  directory only rank 0 can see.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+
+import keras
+
+from keras_mpfp16 import runtime
+from keras_mpfp16.callbacks.checkpoint import (
+    AtomicModelCheckpoint,
+    _fsync_dir,
+    _fsync_file,
+    atomic_write,
+)
+from keras_mpfp16.callbacks.root_only import RootOnly
+from keras_mpfp16.internals import keras as keras_internals
+
+# Callbacks whose only effect is writing files (or sending logs out): one
+# writer per job.
+ROOT_ONLY_TYPES = (
+    keras.callbacks.ModelCheckpoint,
+    keras.callbacks.CSVLogger,
+    keras.callbacks.TensorBoard,
+    keras.callbacks.RemoteMonitor,
+)
+
+
+def make_safe(callback: keras.callbacks.Callback) -> keras.callbacks.Callback:
+    """The callback to run in its place on this rank (often itself)."""
+    if isinstance(callback, (RootOnly, AtomicModelCheckpoint, SafeBackupAndRestore)):
+        return callback
+    if isinstance(callback, keras.callbacks.BackupAndRestore):
+        return SafeBackupAndRestore(callback)
+    if isinstance(callback, ROOT_ONLY_TYPES) and not runtime.is_root():
+        return RootOnly(callback)
+    return callback
+
+
+class atomic_saves:  # noqa: N801 - used like a function
+    """Context manager: `model.save`/`model.save_weights` write atomically.
+
+    Sets instance attributes that wrap the model's own methods, and removes
+    them on exit (restoring any the user had set).
+    """
+
+    _NAMES = ("save", "save_weights")
+
+    def __init__(self, model: keras.Model):
+        self.model = model
+        self._saved: dict = {}
+
+    def __enter__(self):
+        for name in self._NAMES:
+            own = self.model.__dict__.get(name)
+            self._saved[name] = own
+            method = own if own is not None else getattr(self.model, name)
+            setattr(self.model, name, _atomic(method))
+        return self
+
+    def __exit__(self, *exc):
+        for name, own in self._saved.items():
+            if own is not None:
+                setattr(self.model, name, own)
+            elif name in self.model.__dict__:
+                delattr(self.model, name)
+        return False
+
+
+def _atomic(save):
+    @functools.wraps(save)
+    def atomic_save(filepath, *args, **kwargs):
+        if not isinstance(filepath, (str, os.PathLike)):
+            return save(filepath, *args, **kwargs)  # e.g. a file object
+        kwargs.setdefault("overwrite", True)
+        atomic_write(filepath, lambda path: save(path, *args, **kwargs))
+
+    atomic_save._keras_mpfp16_atomic = True
+    return atomic_save
+
+
+class SafeBackupAndRestore(keras.callbacks.Callback):
+    """Runs a `keras.callbacks.BackupAndRestore` safely on many ranks.
+
+    Rank 0 restores and writes; other ranks do nothing (they receive rank 0's
+    state before the first step). Each backup is written into
+    `<backup_dir>.kmp-new/`, fsync'ed, and swapped in for `<backup_dir>/` by
+    two renames (the old one kept as `<backup_dir>.kmp-old/` until the new
+    one is in place), so the weights and the epoch always come from the same
+    backup. On restart, rank 0 first recovers a consistent `<backup_dir>/`
+    from whatever a crash left. The layout inside the directory is Keras's,
+    so a plain one-process `BackupAndRestore` can read it.
+
+    `double_checkpoint` is not needed (and not used): the previous backup is
+    never half-replaced.
+
+    Args:
+        callback: The user's `BackupAndRestore`.
+    """
+
+    def __init__(self, callback: keras.callbacks.BackupAndRestore):
+        super().__init__()
+        self.callback = callback
+        self.backup_dir = os.fspath(callback.backup_dir)
+        self._new = self.backup_dir.rstrip("/") + ".kmp-new"
+        self._old = self.backup_dir.rstrip("/") + ".kmp-old"
+
+    def set_model(self, model):
+        super().set_model(model)
+        self.callback.set_model(model)
+
+    def set_params(self, params):
+        super().set_params(params)
+        self.callback.set_params(params)
+
+    # -- restore -------------------------------------------------------------
+
+    def recover(self) -> None:
+        """Leaves `backup_dir` as the newest complete backup a crash left."""
+        if os.path.isdir(self._old):
+            if not os.path.isdir(self.backup_dir):
+                # Crashed between the two renames: the new backup was
+                # complete (written and fsync'ed before the first rename).
+                source = self._new if os.path.isdir(self._new) else self._old
+                os.replace(source, self.backup_dir)
+            shutil.rmtree(self._old, ignore_errors=True)
+        # A new backup still being written when the job died: incomplete.
+        shutil.rmtree(self._new, ignore_errors=True)
+
+    def on_train_begin(self, logs=None):
+        if runtime.is_root():
+            self.recover()
+            self.callback.on_train_begin(logs)
+
+    # -- backup ----------------------------------------------------------------
+
+    def _write(self, hook, *args) -> None:
+        """Runs the Keras callback's hook with its files redirected to the
+        staging directory; swaps the directory in if it wrote a backup."""
+        weights, metadata = keras_internals.backup_paths(self.callback)
+        staged = [
+            os.path.join(self._new, os.path.basename(p)) for p in (weights, metadata)
+        ]
+        shutil.rmtree(self._new, ignore_errors=True)
+        os.makedirs(self._new)
+        keras_internals.set_backup_paths(self.callback, *staged)
+        try:
+            hook(*args)
+        finally:
+            keras_internals.set_backup_paths(self.callback, weights, metadata)
+        if not all(os.path.exists(p) for p in staged):
+            shutil.rmtree(self._new, ignore_errors=True)  # this hook saved nothing
+            return
+        for path in staged:
+            _fsync_file(path)
+        _fsync_dir(self._new)
+        if os.path.isdir(self.backup_dir):
+            os.replace(self.backup_dir, self._old)
+        os.replace(self._new, self.backup_dir)
+        shutil.rmtree(self._old, ignore_errors=True)
+        _fsync_dir(os.path.dirname(os.path.abspath(self.backup_dir)))
+
+    def on_epoch_end(self, epoch, logs=None):
+        if runtime.is_root():
+            self._write(self.callback.on_epoch_end, epoch, logs)
+
+    def on_train_batch_end(self, batch, logs=None):
+        if not runtime.is_root():
+            return
+        if self.callback.save_freq == "epoch":  # counts nothing, writes nothing
+            return
+        self._write(self.callback.on_train_batch_end, batch, logs)
+
+    def on_train_end(self, logs=None):
+        if runtime.is_root():
+            self.callback.on_train_end(logs)

@@ -1,0 +1,199 @@
+"""One multi-process `fit` or `evaluate`: the callbacks and state around it.
+
+`DistributedRun.for_fit` / `for_evaluate` prepare what Keras is given; the
+two callbacks it adds bracket the user's:
+
+- `_RunFirst` (first in the list): epoch-mode averaging of non-trainable
+  state before any other callback's `on_epoch_end` (checkpoints) and before
+  validation; marks evaluations for the uneven-steps protocol.
+- `_RunLast` (last in the list): before the first step, after the user's
+  `on_train_begin` (so after `BackupAndRestore` restored rank 0), the
+  replica sync of `training.replica`, the equal-steps check and the start
+  epoch agreement.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import keras
+
+from keras_mpfp16 import runtime
+from keras_mpfp16.callbacks.global_metrics import (
+    GlobalMetrics,
+    MetricReduction,
+    check_equal_steps,
+    guard_jit,
+)
+from keras_mpfp16.data.split import split_for_evaluation
+from keras_mpfp16.runtime import progress
+from keras_mpfp16.training import files, replica
+
+_reductions: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_OWNER = "keras_mpfp16.training"
+
+
+def reduction_for(model) -> MetricReduction:
+    """The model's metric reduction, installed around its steps once and kept
+    (inactive outside collective runs, so a later retrace is never needed)."""
+    reduction = _reductions.get(model)
+    if reduction is None:
+        optimizer = model.optimizer
+
+        def averaged():
+            if optimizer.non_trainable_sync != "step":
+                return []
+            return replica.averaged_variables(model)
+
+        reduction = MetricReduction(
+            model,
+            averaged=averaged,
+            rank_slots=lambda: replica.hyperparameter_slots(model),
+        )
+        reduction.set_active(False)
+        guard_jit(model, "keras_mpfp16's multi-process fit/evaluate")
+        reduction.install(owner=_OWNER)
+        _reductions[model] = reduction
+    return reduction
+
+
+def _callback_list(callbacks) -> list:
+    if callbacks is None:
+        return []
+    if isinstance(callbacks, keras.callbacks.CallbackList):
+        return list(callbacks.callbacks)
+    return list(callbacks)
+
+
+class DistributedRun:
+    """What one collective `fit` or `evaluate` needs around Keras's own."""
+
+    def __init__(self, model, training: bool):
+        self.model = model
+        self.training = training
+        self.reduction = reduction_for(model)
+        self.check_steps = True
+        self.baseline: list | None = None  # epoch-mode averaging
+
+    @property
+    def epoch_mode(self) -> bool:
+        return self.model.optimizer.non_trainable_sync == "epoch"
+
+    def callbacks(self, callbacks):
+        """The user's callbacks made safe, between our first and last."""
+        user = []
+        for cb in _callback_list(callbacks):
+            if isinstance(cb, GlobalMetrics):
+                # Redundant: logs are already global. Keep its settings.
+                self.check_steps = cb.check_steps
+                continue
+            user.append(files.make_safe(cb))
+        ours = [_RunFirst(self), *user, _RunLast(self)]
+        if isinstance(callbacks, keras.callbacks.CallbackList):
+            callbacks.callbacks[:] = ours
+            callbacks.set_model(self.model)
+            return callbacks
+        return ours
+
+    def split_validation(self, arguments: dict) -> None:
+        """Replaces `validation_data` in `fit`'s arguments by this rank's part."""
+        data = arguments.get("validation_data")
+        if data is None:
+            return
+        vx, vy, vsw = keras.utils.unpack_x_y_sample_weight(data)
+        part = split_for_evaluation(
+            vx,
+            vy,
+            vsw,
+            batch_size=arguments.get("validation_batch_size")
+            or arguments.get("batch_size"),
+            steps=arguments.get("validation_steps"),
+        )
+        if part.y is None and part.sample_weight is None:
+            arguments["validation_data"] = (
+                part.x if not isinstance(data, tuple) else (part.x,)
+            )
+        else:
+            arguments["validation_data"] = (part.x, part.y, part.sample_weight)
+        arguments["validation_steps"] = part.steps
+
+    # -- epoch-mode averaging ---------------------------------------------------
+
+    def average_now(self) -> None:
+        if self.epoch_mode:
+            self.baseline = replica.average_non_trainable(self.model, self.baseline)
+
+
+class _RunFirst(keras.callbacks.Callback):
+    def __init__(self, run: DistributedRun):
+        super().__init__()
+        self.run = run
+
+    def on_epoch_begin(self, epoch, logs=None):
+        # Lets the gradient reduction's step check name the epoch too.
+        progress.set_epoch(epoch)
+
+    def on_test_begin(self, logs=None):
+        if self.run.training:
+            self.run.average_now()  # validate the averaged model
+        # Every rank enters the evaluation, even one without batches, so
+        # every rank joins the end-of-evaluation protocol.
+        self.run.reduction.finish_pending = True
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.run.average_now()  # before checkpoints write the model
+
+
+class _RunLast(keras.callbacks.Callback):
+    def __init__(self, run: DistributedRun):
+        super().__init__()
+        self.run = run
+
+    def on_train_begin(self, logs=None):
+        model = self.run.model
+        replica.agree_on_initial_epoch(model)
+        replica.sync_from_root(model)
+        if self.run.check_steps:
+            check_equal_steps((self.params or {}).get("steps"))
+        self.run.baseline = None
+
+    def on_train_end(self, logs=None):
+        self.run.average_now()
+
+
+def run_fit(original, arguments: dict):
+    """Keras's `fit` (`original`) with this process's part of a collective fit."""
+    model = arguments["self"]
+    run = DistributedRun(model, training=True)
+    run.split_validation(arguments)
+    arguments["callbacks"] = run.callbacks(arguments.get("callbacks"))
+    run.reduction.set_active(True)
+    try:
+        if runtime.is_root():
+            with files.atomic_saves(model):
+                return original(**arguments)
+        return original(**arguments)
+    finally:
+        run.reduction.set_active(False)
+
+
+def run_evaluate(original, arguments: dict):
+    """Keras's `evaluate` (`original`) run by all ranks together, split."""
+    model = arguments["self"]
+    run = DistributedRun(model, training=False)
+    part = split_for_evaluation(
+        arguments.get("x"),
+        arguments.get("y"),
+        arguments.get("sample_weight"),
+        batch_size=arguments.get("batch_size"),
+        steps=arguments.get("steps"),
+    )
+    arguments.update(
+        x=part.x, y=part.y, sample_weight=part.sample_weight, steps=part.steps
+    )
+    arguments["callbacks"] = run.callbacks(arguments.get("callbacks"))
+    run.reduction.set_active(True)
+    try:
+        return original(**arguments)
+    finally:
+        run.reduction.set_active(False)

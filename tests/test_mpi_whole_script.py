@@ -1,0 +1,170 @@
+"""Users' whole scripts under real `mpirun -np 2` / `-np 3`, against one process.
+
+Replica state (issue 11) and stock Keras workflows (issue 12): unseeded
+ranks, BatchNorm, frozen layers, stock EarlyStopping / ReduceLROnPlateau /
+ModelCheckpoint / CSVLogger / BackupAndRestore left on every rank, unsharded
+validation data, evaluate / predict / load_model on all ranks or on rank 0
+alone. The job is tests/mpi_scripts/whole_script.py.
+"""
+
+import os
+
+import pytest
+from mpi_launch import run_mpi
+
+pytestmark = pytest.mark.mpi
+
+RTOL = 1e-6
+
+
+def ok(result):
+    assert result.returncode == 0, result.describe()
+    return result.records()
+
+
+def rel(a, b):
+    return abs(float(a) - float(b)) / max(abs(float(b)), 1e-12)
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_replica_state_is_one_model(np_, tmp_path):
+    recs = ok(run_mpi(np_, "whole_script.py", str(tmp_path), "replica", timeout=400))
+    assert len(recs) == np_
+    # The ranks really started from different models ...
+    assert any(r["initial_differs"] for r in recs[1:])
+    for r in recs:
+        # ... and the first update is one process's update from rank 0's
+        # initial weights on the concatenated batch (float32 rounding only).
+        assert r["first_update_diff"] <= 1e-6, r["first_update_diff"]
+
+    # BatchNorm + frozen layer + Dropout, stock EarlyStopping and
+    # ReduceLROnPlateau on val_loss, 10 seeds: the same stop epoch, the same
+    # learning rates, and every variable bitwise identical on every rank.
+    r0 = recs[0]
+    assert len(r0["runs"]) == 10
+    for r in recs[1:]:
+        for seed, (mine, root) in enumerate(zip(r["runs"], r0["runs"])):
+            assert mine == root, (seed, r["rank"])
+    # The test can fail: the callbacks really acted in some runs.
+    assert any(run["stopped_epoch"] > 0 for run in r0["runs"])
+    assert any(min(run["lrs"]) < max(run["lrs"]) for run in r0["runs"])
+    assert any(run["epochs"] < 12 for run in r0["runs"])
+
+    # check_replicas_every covers non-trainable variables: a frozen layer
+    # changed on the last rank is named.
+    for r in recs:
+        err = r["frozen_error"]
+        assert err and "diverged" in err and f"[{np_ - 1}]" in err, err
+
+    # A learning rate changed on one rank only stops every rank, naming
+    # the ranks' values.
+    for r in recs:
+        err = r["lr_error"]
+        assert err and "different optimizer settings" in err, err
+        assert "0.123" in err and "0.1" in err, err
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_stock_workflow_matches_one_process(np_, tmp_path):
+    result = run_mpi(
+        np_,
+        "whole_script.py",
+        str(tmp_path),
+        "logs",
+        timeout=300,
+        env={"KERAS_MPFP16_EVALUATE_WAIT": "2"},
+    )
+    recs = ok(result)
+    assert len(recs) == np_
+    for r in recs:
+        # Every log of fit (train and validation, loss, accuracy, AUC) is the
+        # one-process log; no GlobalMetrics, validation data not sharded.
+        hist, ref = r["history"], r["ref_history"]
+        assert set(hist) == set(ref), (sorted(hist), sorted(ref))
+        for key in ref:
+            for got, want in zip(hist[key], ref[key]):
+                assert rel(got, want) <= RTOL, (key, hist[key], ref[key])
+        # evaluate on all ranks (unsharded, with sample weights) is the
+        # one-process evaluate on the whole set.
+        for key, want in r["ref_evaluate"].items():
+            assert rel(r["evaluate"][key], want) <= RTOL, key
+        assert r["split_predict_diff"] <= 1e-5
+    # Rank 0 alone: load_model + evaluate + predict finish (no collective)
+    # and give the one-process numbers.
+    alone = recs[0]["alone"]
+    for key, want in recs[0]["ref_evaluate"].items():
+        assert rel(alone["evaluate"][key], want) <= RTOL, key
+    assert alone["predict_diff"] <= 1e-5
+    # Stock file-writing callbacks on every rank: one writer, complete files.
+    files = recs[0]["files"]
+    assert files == ["backup", "best.weights.h5", "last.keras", "log.csv"], files
+    assert sorted(os.listdir(tmp_path / "backup")) == [
+        "latest.weights.h5",
+        "training_metadata.json",
+    ]
+    assert recs[0]["csv_lines"] == 1 + 3  # header + 3 epochs, written once
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_kill_mid_checkpoint_and_restart_resumes_identically(np_, tmp_path):
+    """Stock BackupAndRestore + ModelCheckpoint on every rank: rank 0 killed
+    while writing the epoch-3 checkpoint; the restarted job resumes on every
+    rank at epoch 3 and ends bitwise identical to the uninterrupted run."""
+    import keras
+
+    import keras_mpfp16  # noqa: F401  (registers DistributedOptimizer for load_model)
+
+    full = ok(run_mpi(np_, "kill_restart.py", str(tmp_path), "full", timeout=300))
+    killed = run_mpi(np_, "kill_restart.py", str(tmp_path), "killed", timeout=300)
+    assert killed.returncode != 0, killed.describe()
+    assert not killed.records()  # nobody finished
+
+    # The checkpoint being written when the job died is the previous one,
+    # complete (atomic rename): epochs 1 and 2, i.e. 2 epochs of steps.
+    steps = full[0]["iterations"] // 4
+    last = keras.models.load_model(tmp_path / "run" / "last.keras")
+    assert int(last.optimizer.iterations.numpy()) == 2 * steps
+
+    resumed = ok(run_mpi(np_, "kill_restart.py", str(tmp_path), "resume", timeout=300))
+    for r in resumed:
+        assert r["epochs_run"] == [2, 3], r["epochs_run"]
+        assert r["digest"] == full[0]["digest"]
+        assert r["iterations"] == full[0]["iterations"]
+        for key, values in r["history"].items():
+            assert values == full[0]["history"][key][2:], key
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_every_input_kind_is_split_and_exact(np_, tmp_path):
+    """Validation in fit and evaluate on all ranks, for tf.data of known and
+    unknown length and PyDataset: the one-process numbers. validation_split:
+    the union of the ranks' tails. A batch-frequency ModelCheckpoint writes."""
+    recs = ok(run_mpi(np_, "whole_script.py", str(tmp_path), "inputs", timeout=300))
+    for r in recs:
+        results = r["results"]
+        for name in ("tf.data", "tf.data-unknown", "PyDataset"):
+            got = results[name]
+            for key, values in got["ref_fit"].items():
+                for a, b in zip(got["fit"][key], values):
+                    assert rel(a, b) <= RTOL, (name, key, got["fit"], values)
+            for key, b in got["ref_evaluate"].items():
+                assert rel(got["evaluate"][key], b) <= RTOL, (name, key)
+        split = results["validation_split"]
+        assert rel(split["val_loss"], split["union_loss"]) <= RTOL
+    assert recs[0]["files"] == ["every3.weights.h5"]
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_kmp_recurrent_layers_train_in_every_policy(np_):
+    """kmp LSTM/GRU, Bidirectional, masking, unknown time dimension, partial
+    last batches, stateful lanes: trains under float32, mixed_float16 and
+    mixed_bfloat16 (this crashed on every rank at the first step when the
+    buckets were sized from the gradients' static shapes)."""
+    recs = ok(run_mpi(np_, "kmp_layers_fit.py", timeout=400))
+    assert len(recs) == np_
+    for policy in ("float32", "mixed_float16", "mixed_bfloat16"):
+        for r in recs:
+            mine, root = r["policies"][policy], recs[0]["policies"][policy]
+            assert mine["finite"], (policy, r["rank"])
+            assert mine["digest"] == root["digest"], (policy, r["rank"])
+            assert mine["lanes_digest"] == root["lanes_digest"], (policy, r["rank"])
