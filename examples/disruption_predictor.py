@@ -316,7 +316,6 @@ def main(argv=None):
 
     callbacks = [
         LaneResets(flags),
-        kmp.callbacks.GlobalMetrics(),
         kmp.callbacks.LearningRateScaler(
             rule=args.lr_rule, warmup_epochs=args.warmup_epochs
         ),
