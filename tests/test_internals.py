@@ -196,10 +196,10 @@ def test_xla_guard_turns_jit_off_for_a_multi_process_model(monkeypatch):
 
     inputs = keras.Input((2,))
     model = keras.Model(inputs, keras.layers.Dense(1)(inputs))
-    # The guard asks the launcher's size (no collective: compile may run on
-    # one rank alone, e.g. in load_model).
     monkeypatch.setattr(world, "launched_size", lambda: 2)
-    with pytest.warns(UserWarning):
+    with pytest.warns(
+        UserWarning, match=r"XLA compilation \(jit_compile\) is turned off"
+    ):
         model.compile(
             optimizer=keras_mpfp16.DistributedOptimizer("sgd"),
             loss="mse",

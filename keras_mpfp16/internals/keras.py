@@ -701,13 +701,32 @@ def _probe_array_datasets() -> None:
         return
     import numpy as np
 
+    before = _array_adapter.get_tf_dataset
+    autotune = []  # per dataset Keras built from arrays while active
     model = _tiny_model()
     model.compile(optimizer="sgd", loss="mse")
     x, y = np.zeros((4, 2), "float32"), np.zeros((4, 1), "float32")
     with array_datasets_without_autotune():
-        model.evaluate(x, y, batch_size=2, verbose=0)
-    if _array_adapter.get_tf_dataset is array_datasets_without_autotune._original:
-        raise AssertionError("the adapter was not restored")
+        patched = _array_adapter.get_tf_dataset
+
+        def spy(adapter):
+            dataset = patched(adapter)
+            autotune.append(dataset.options().autotune.enabled)
+            return dataset
+
+        _array_adapter.get_tf_dataset = spy
+        try:
+            model.evaluate(x, y, batch_size=2, verbose=0)
+        finally:
+            _array_adapter.get_tf_dataset = patched
+    if autotune != [False]:
+        raise AssertionError(
+            "evaluate on arrays built its tf.data pipeline through "
+            f"ArrayDataAdapter.get_tf_dataset {len(autotune)} times "
+            f"(autotune enabled: {autotune}); expected once, disabled"
+        )
+    if _array_adapter.get_tf_dataset is not before:
+        raise AssertionError("ArrayDataAdapter.get_tf_dataset was not restored")
 
 
 _PROBES = {
