@@ -28,7 +28,7 @@ import numpy as np  # noqa: E402
 
 import keras_mpfp16 as kmp  # noqa: E402
 from keras_mpfp16.benchmark.models import random_data  # noqa: E402
-from keras_mpfp16.benchmark.timing import StepTimer  # noqa: E402
+from keras_mpfp16.benchmark.train import seconds_per_step  # noqa: E402
 from keras_mpfp16.training import replica  # noqa: E402
 
 
@@ -52,21 +52,6 @@ def build(mode: str):
         metrics=["accuracy"],
     )
     return model
-
-
-def seconds_per_step(model, x, y, batch, steps) -> float:
-    timer = StepTimer()
-    model.fit(
-        x[: batch * steps],
-        y[: batch * steps],
-        batch_size=batch,
-        epochs=1,
-        shuffle=False,
-        verbose=0,
-        callbacks=[timer],
-    )
-    local = timer.seconds_per_step(skip=min(3, steps - 2))
-    return float(kmp.allreduce(np.float64(local), op="max"))
 
 
 def main():

@@ -32,7 +32,9 @@ def _compiled_model(cfg: dict, distributed: bool):
     return model
 
 
-def _seconds_per_step(model, x, y, batch: int, steps: int) -> float:
+def seconds_per_step(model, x, y, batch: int, steps: int) -> float:
+    """Seconds per train step of one `fit` over `steps` batches (the slowest
+    rank's), after skipping the first few steps."""
     timer = StepTimer()
     model.fit(
         x[: batch * steps],
@@ -60,8 +62,8 @@ def throughput(cfg: dict, rounds: int = 5, plain: bool = False) -> dict:
     x, y = random_data(
         batch * steps, cfg["timesteps"], cfg["features"], seed=runtime.rank()
     )
-    _seconds_per_step(model, x, y, batch, min(steps, 5))  # trace + warm up
-    per_step = [_seconds_per_step(model, x, y, batch, steps) for _ in range(rounds)]
+    seconds_per_step(model, x, y, batch, min(steps, 5))  # trace + warm up
+    per_step = [seconds_per_step(model, x, y, batch, steps) for _ in range(rounds)]
     sps = [n * batch / s for s in per_step]
     return {
         "size": n,
@@ -85,17 +87,17 @@ def one_process_overhead(cfg: dict, rounds: int = 7) -> dict:
     plain = _compiled_model(cfg, distributed=False)
     ours = _compiled_model(cfg, distributed=True)
     for m in (plain, ours):
-        _seconds_per_step(m, x, y, batch, min(steps, 5))
+        seconds_per_step(m, x, y, batch, min(steps, 5))
     t_plain, t_ours = [], []
     for i in range(rounds):
         # Alternate which model goes first (A B, B A, ...), so a position
         # effect within a round cannot favour either.
         first_plain = i % 2 == 0
         if first_plain:
-            t_plain.append(_seconds_per_step(plain, x, y, batch, steps))
-        t_ours.append(_seconds_per_step(ours, x, y, batch, steps))
+            t_plain.append(seconds_per_step(plain, x, y, batch, steps))
+        t_ours.append(seconds_per_step(ours, x, y, batch, steps))
         if not first_plain:
-            t_plain.append(_seconds_per_step(plain, x, y, batch, steps))
+            t_plain.append(seconds_per_step(plain, x, y, batch, steps))
     return {
         "ratio_ours_over_plain": median_ratio(t_plain, t_ours),  # throughput ratio
         "plain_samples_per_s": [batch / t for t in t_plain],

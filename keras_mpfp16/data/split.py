@@ -67,13 +67,7 @@ def _is_tf_dataset(x: Any) -> bool:
 
 
 def _leaves(x: Any) -> list:
-    if x is None:
-        return []
-    if isinstance(x, dict):
-        return [leaf for k in sorted(x) for leaf in _leaves(x[k])]
-    if isinstance(x, (list, tuple)):
-        return [leaf for v in x for leaf in _leaves(v)]
-    return [x]
+    return [] if x is None else [v for v in keras.tree.flatten(x) if v is not None]
 
 
 def _array_like(x: Any) -> bool:
@@ -209,8 +203,4 @@ def split_for_evaluation(
 
 
 def _take_rows(structure: Any, rows: int) -> Any:
-    if isinstance(structure, dict):
-        return {k: _take_rows(v, rows) for k, v in structure.items()}
-    if isinstance(structure, (list, tuple)) and not hasattr(structure, "shape"):
-        return type(structure)(_take_rows(v, rows) for v in structure)
-    return structure[:rows]
+    return keras.tree.map_structure(lambda leaf: leaf[:rows], structure)

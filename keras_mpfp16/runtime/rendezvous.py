@@ -27,12 +27,13 @@ Nothing here imports Keras.
 from __future__ import annotations
 
 import atexit
-import os
 import queue
 import threading
 import time
 import warnings
 from dataclasses import dataclass
+
+from keras_mpfp16.runtime.stall import _env_seconds
 
 WAIT_ENV = "KERAS_MPFP16_EVALUATE_WAIT"
 DEFAULT_WAIT = 5.0
@@ -57,16 +58,7 @@ class Verdict:
 
 
 def _wait_seconds() -> float:
-    raw = os.environ.get(WAIT_ENV, "").strip()
-    if not raw:
-        return DEFAULT_WAIT
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{WAIT_ENV}={raw!r} is not a number of seconds.") from None
-    if value < 0:
-        raise ValueError(f"{WAIT_ENV} must be >= 0 seconds; received {raw!r}.")
-    return value
+    return _env_seconds(WAIT_ENV, DEFAULT_WAIT)
 
 
 class _Coordinator:

@@ -4,34 +4,21 @@ from __future__ import annotations
 
 from typing import Any
 
+import keras
 import numpy as np
 
 from keras_mpfp16 import runtime
 from keras_mpfp16.data.arithmetic import shard_sizes
 
 
-def _leaves(x: Any) -> list:
-    if isinstance(x, dict):
-        return [leaf for k in sorted(x) for leaf in _leaves(x[k])]
-    if isinstance(x, (list, tuple)):
-        return [leaf for v in x for leaf in _leaves(v)]
-    return [x]
-
-
 def _rows(structure: Any, start: int, stop: int) -> Any:
-    if isinstance(structure, dict):
-        return {k: _rows(v, start, stop) for k, v in structure.items()}
-    if isinstance(structure, (list, tuple)):
-        return type(structure)(_rows(v, start, stop) for v in structure)
-    return structure[start:stop]
+    return keras.tree.map_structure(lambda leaf: leaf[start:stop], structure)
 
 
 def _gather(structure: Any) -> Any:
-    if isinstance(structure, dict):
-        return {k: _gather(v) for k, v in structure.items()}
-    if isinstance(structure, (list, tuple)):
-        return type(structure)(_gather(v) for v in structure)
-    return runtime.allgather(np.asarray(structure))
+    return keras.tree.map_structure(
+        lambda leaf: runtime.allgather(np.asarray(leaf)), structure
+    )
 
 
 def split_predict(model, x: Any, batch_size: int | None = None, **kwargs) -> Any:
@@ -62,7 +49,7 @@ def split_predict(model, x: Any, batch_size: int | None = None, **kwargs) -> Any
     probabilities = kmp.split_predict(model, x_test, batch_size=256)
     ```
     """
-    leaves = _leaves(x)
+    leaves = keras.tree.flatten(x)
     if not leaves or not all(hasattr(leaf, "shape") for leaf in leaves):
         raise TypeError(
             "split_predict takes arrays (or a dict/list/tuple of arrays); "
