@@ -452,6 +452,21 @@ def test_get_config_round_trip(kind):
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_keras_arguments_are_forwarded_unchanged(kind):
+    """Every Keras argument reaches Keras's layer as given, positional or not."""
+    theirs = {"lstm": keras.layers.LSTM, "gru": keras.layers.GRU}[kind]
+    ours = OURS[kind](U, "relu", "hard_sigmoid", use_bias=False, go_backwards=True)
+    reference = theirs(U, "relu", "hard_sigmoid", use_bias=False, go_backwards=True)
+    mine = ours.get_config()
+    for key, value in reference.get_config().items():
+        if key not in ("name",):
+            assert mine[key] == value, key
+    assert mine["recurrent_precision"] == "float32"
+    with pytest.raises(ValueError, match="not_an_argument"):  # Keras checks it
+        OURS[kind](U, not_an_argument=1)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
 def test_keras_file_round_trip(kind, x, tmp_path):
     keras.mixed_precision.set_global_policy("mixed_float16")
     model = keras.Sequential(
