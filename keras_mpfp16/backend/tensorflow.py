@@ -24,6 +24,7 @@ from keras_mpfp16.backend.tf_gradients import (  # noqa: F401  (the bridge's API
     check_step_table,
     reduction_path,
 )
+from keras_mpfp16.backend.tf_order import ordered
 from keras_mpfp16.runtime import collectives, world
 
 
@@ -63,7 +64,7 @@ def allreduce_tensors(tensors, op: str = "sum"):
     def reduce(buf):
         return collectives.allreduce(buf, op=op).astype(np.float64)
 
-    out = tf.numpy_function(reduce, [flat], tf.float64, stateful=True)
+    out = ordered(lambda: tf.numpy_function(reduce, [flat], tf.float64, stateful=True))
     out.set_shape(flat.shape)
     parts = tf.split(out, [int(np.prod(t.shape)) for t in tensors])
     return [tf.cast(tf.reshape(p, t.shape), t.dtype) for p, t in zip(parts, tensors)]
@@ -95,7 +96,9 @@ def check_replicas(variables, step, every: int) -> None:
 
     def check():
         values = [tf.convert_to_tensor(v) for v in variables]
-        tf.numpy_function(host, [step, *values], tf.bool, stateful=True)
+        ordered(
+            lambda: tf.numpy_function(host, [step, *values], tf.bool, stateful=True)
+        )
 
     tf.cond(tf.equal(tf.math.floormod(step, every), 0), check, lambda: None)
 
@@ -159,8 +162,10 @@ def sync_on_first_step(owner, variables, root: int = 0, check=None) -> None:
 
     def sync():
         values = [tf.convert_to_tensor(v) for v in variables]
-        new = tf.numpy_function(
-            broadcast, values, [v.dtype for v in values], stateful=True
+        new = ordered(
+            lambda: tf.numpy_function(
+                broadcast, values, [v.dtype for v in values], stateful=True
+            )
         )
         for var, value, old in zip(variables, new, values):
             value.set_shape(old.shape)

@@ -28,6 +28,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from keras_mpfp16.backend.tf_order import ordered
 from keras_mpfp16.optimizer.buckets import plan_buckets, sparse_is_cheaper
 from keras_mpfp16.runtime import collectives, cuda, progress, wire, world
 
@@ -202,6 +203,21 @@ def _slot_values(step, counts, epoch=None):
     return tf.concat([tf.stack([epoch, step]), counts], 0)
 
 
+def _float_slot_piece(step, counts, n: int, r: int):
+    """This rank's (epoch, step, counts) as float32 pairs (`wire.float_slots`),
+    at its place in an all-ranks block of zeros: summed over ranks, the block
+    is every rank's slots. Built in the graph: the host function must not
+    write into its input buffer, whose memory TensorFlow may share (a cached
+    zeros constant inside a `cond` branch, as with gradient accumulation,
+    kept the previous steps' slots and summed garbage)."""
+    vals = _slot_values(step, counts)
+    split = tf.constant(wire.SLOT_SPLIT, tf.int64)
+    pairs = tf.stack([(vals + 1) // split, (vals + 1) % split], 1)
+    mine = tf.reshape(tf.cast(pairs, tf.float32), [-1])
+    m = int(mine.shape[0])
+    return tf.pad(mine, [[r * m, (n - r - 1) * m]])
+
+
 # -- the 16-bit row format in TensorFlow (mirrors runtime/wire.py) ------------------
 
 _TF_WIRE = {"float16": tf.float16, "bfloat16": tf.bfloat16}
@@ -309,17 +325,12 @@ def _owner_sum(recv, wire_dtype: str, slot_words: int):
 
 def _float32_host(label: str, first: bool, length: int, average: bool):
     """numpy_function body: float32 Allreduce of a bucket (+ the step slots)."""
-    n, r = world.size(), world.rank()
+    n = world.size()
 
-    def reduce(buf, step, counts=None):
-        step = int(step)
-        name = f"{label}, train step {step}"
-        if first:
-            if not buf.flags.writeable:  # never seen; keeps us correct if it changes
-                buf = buf.copy()
-            slots = wire.float_slots([progress.epoch(), step, *counts.tolist()])
-            m = slots.size
-            buf[length + r * m : length + (r + 1) * m] = slots.reshape(-1)
+    def reduce(buf, step):
+        # `buf` is read-only here: its tail already holds this rank's slots
+        # (`_float_slot_piece`).
+        name = f"{label}, train step {int(step)}"
         out = _aligned_empty(buf.shape[0])
         collectives.allreduce_sum_into(buf, out, name)
         cuda.path_counts["host"] += 1
@@ -391,7 +402,8 @@ def _sparse_host(label: str, row_width: int):
 
     def gather(records, counts, step):
         name = f"{label}, train step {int(step)}"
-        out = np.empty((int(counts.sum()), row_width), np.float32)
+        rows = int(counts.sum())
+        out = _aligned_empty(rows * row_width).reshape(rows, row_width)
         collectives.allgatherv_bytes(records, out, counts * (row_width * 4), name)
         cuda.path_counts["host"] += 1
         return out, _host_finite(out[:, 1:])
@@ -417,19 +429,16 @@ def _reduce_bucket(
     scale = 1.0 / n if average else 1.0
     if wire_dtype == "float32" or length == 0:
         if device and length:
-            m = 2 * (2 + counts.shape[0]) if first else 0
             pieces = list(parts)
             if first:
-                vals = _slot_values(step, counts)
-                split = tf.constant(wire.SLOT_SPLIT, tf.int64)
-                pairs = tf.stack([(vals + 1) // split, (vals + 1) % split], 1)
-                mine = tf.reshape(tf.cast(pairs, tf.float32), [-1])
-                pieces.append(tf.pad(mine, [[r * m, (n - r - 1) * m]]))
+                pieces.append(_float_slot_piece(step, counts, n, r))
             flat = tf.concat(pieces, 0) if len(pieces) > 1 else pieces[0]
-            outs = tf.py_function(
-                _float32_device(label, first, length),
-                [flat, step],
-                [tf.float32, tf.int64] if first else [tf.float32],
+            outs = ordered(
+                lambda: tf.py_function(
+                    _float32_device(label, first, length),
+                    [flat, step],
+                    [tf.float32, tf.int64] if first else [tf.float32],
+                )
             )
             out = outs[0]
             out.set_shape(flat.shape)
@@ -443,15 +452,16 @@ def _reduce_bucket(
         # every rank (same MPI call sequence everywhere, no deadlock).
         pieces = list(parts)
         if first:
-            m = 2 * (2 + counts.shape[0])
-            pieces.append(tf.zeros([n * m], tf.float32))  # the host fills its slots
+            pieces.append(_float_slot_piece(step, counts, n, r))
         flat = tf.concat(pieces, 0) if len(pieces) > 1 else pieces[0]
-        inputs = [flat, step] + ([counts] if first else [])
-        outs = tf.numpy_function(
-            _float32_host(label, first, length, average),
-            inputs,
-            [tf.float32, tf.bool] + ([tf.int64] if first else []),
-            stateful=True,
+        inputs = [flat, step]
+        outs = ordered(
+            lambda: tf.numpy_function(
+                _float32_host(label, first, length, average),
+                inputs,
+                [tf.float32, tf.bool] + ([tf.int64] if first else []),
+                stateful=True,
+            )
         )
         out = outs[0]
         out.set_shape(flat.shape)
@@ -468,10 +478,12 @@ def _reduce_bucket(
         slots = tf.reshape(tf.bitcast(_slot_values(step, counts), tf.uint16), [-1])
     words = _encode(tf.reshape(flat, [n, chunk]), wire_dtype, flag=False, slots=slots)
     k = 0 if slots is None else int(slots.shape[0])
-    outs = tf.py_function(
-        _lowp(label, wire_dtype, k, device),
-        [words, step],
-        [tf.uint16, tf.int64] if first else [tf.uint16],
+    outs = ordered(
+        lambda: tf.py_function(
+            _lowp(label, wire_dtype, k, device),
+            [words, step],
+            [tf.uint16, tf.int64] if first else [tf.uint16],
+        )
     )
     gathered = outs[0]
     gathered.set_shape([n, _H + chunk])
@@ -521,11 +533,13 @@ class _SparseGradient:
         records = tf.concat(
             [tf.bitcast(self.indices, tf.float32)[:, None], self.rows], 1
         )
-        gathered, finite = tf.numpy_function(
-            _sparse_host(label, self.row_elems + 1),
-            [records, counts, step],
-            [tf.float32, tf.bool],
-            stateful=True,
+        gathered, finite = ordered(
+            lambda: tf.numpy_function(
+                _sparse_host(label, self.row_elems + 1),
+                [records, counts, step],
+                [tf.float32, tf.bool],
+                stateful=True,
+            )
         )
         gathered.set_shape([None, self.row_elems + 1])
         index = tf.bitcast(gathered[:, 0], tf.int32)
