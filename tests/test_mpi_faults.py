@@ -62,16 +62,28 @@ def test_sys_exit_on_one_rank_ends_the_job(tmp_path):
     assert "is exiting with status 3" in result.stderr
 
 
+def test_uneven_steps_known_beforehand_are_refused_before_the_first_step():
+    result = faulty_run("--fault", "uneven-known")
+    err = result.stderr
+    assert "Ranks would run different numbers of training steps per epoch" in err, (
+        result.describe()
+    )
+    assert "rank 0: 12, rank 1: 13" in err
+
+
 def test_uneven_steps_end_with_an_error_naming_the_ranks():
     # Rank 0 runs out of batches first and reaches the end of its script; the
     # job must still end, with an error, instead of rank 1 waiting forever.
     result = faulty_run("--fault", "uneven", may_finish=(0,))
     err = result.stderr
     assert "some ranks finished while others wait" in err, result.describe()
-    assert re.search(r"rank 0: finished after \d+ collectives", err)
+    assert re.search(r"rank 0 \(host [^)]*\): finished .*after \d+ collectives", err)
     assert re.search(
-        r"rank 1: waiting \d+s in collective #\d+ '[^']*gradient allreduce", err
+        r"rank 1 \(host [^)]*\): waiting \d+s in collective #\d+ '[^']*gradient allreduce",
+        err,
     )
+    # The cause is named from the train steps, not guessed.
+    assert "rank 1 had more batches (steps) than rank 0" in err
 
 
 def test_uneven_steps_detected_at_first_mismatched_step_when_epochs_are_known():
@@ -87,7 +99,8 @@ def test_mismatched_models_name_the_first_differing_variable():
     result = faulty_run("--fault", "mismatch")
     err = result.stderr
     assert "ranks are training different models" in err, result.describe()
-    assert "first difference at variable #0" in err
+    assert "(model signature check)" in err
+    assert "first difference at #0" in err
     assert "shape (3, 32)" in err and "shape (3, 36)" in err
 
 

@@ -3,9 +3,12 @@
   exception-layer | exception-callback | exception-input : rank 1 raises at batch 3
   sigkill      rank 1 SIGKILLs itself at batch 3 (writes the time first, to --stamp)
   exit         rank 1 calls sys.exit(3) at batch 3
-  uneven       rank 1 has one batch more per epoch (with --epochs-known, a
-               callback reports epochs to the library, as the library's own
-               callbacks do)
+  uneven       rank 1 has one batch more per epoch: in a custom loop of
+               train_on_batch calls (nobody reports epochs), or with
+               --epochs-known in fit on a dataset of unknown length (no one
+               can count the steps beforehand; fit reports the epochs)
+  uneven-known rank 1 has one batch more per epoch, in arrays (fit counts
+               the steps before the first one)
   mismatch     rank 1 builds a wider LSTM
   nan          rank 1's inputs are NaN from batch 2 on (--policy float32/mixed_float16)
   diverge      rank 1 perturbs its weights after batch 4; replica check every 2 steps
@@ -113,7 +116,7 @@ if fault == "stall":
     print(f"DONE rank {rank}", flush=True)
     sys.exit(0)
 
-steps = 12 + (1 if fault == "uneven" and rank == FAULTY else 0)
+steps = 12 + (1 if fault.startswith("uneven") and rank == FAULTY else 0)
 rng = np.random.default_rng(rank)
 x = rng.normal(size=(steps * b, 6, 3)).astype("float32")
 y = rng.normal(size=(steps * b, 1)).astype("float32")
@@ -195,6 +198,14 @@ if fault == "exception-input":
         ),
     )
     model.fit(ds, epochs=2, verbose=0, callbacks=[Inject()])
+elif fault == "uneven" and not args.epochs_known:
+    for i in range(steps):
+        model.train_on_batch(x[i * b : (i + 1) * b], y[i * b : (i + 1) * b])
+elif fault == "uneven":
+    unknown_length = (
+        tf.data.Dataset.from_tensor_slices(data).batch(b).filter(lambda a, c: True)
+    )
+    model.fit(unknown_length, epochs=2, verbose=0, callbacks=[Inject()])
 else:
     model.fit(
         *data, batch_size=b, epochs=2, shuffle=False, verbose=0, callbacks=[Inject()]
