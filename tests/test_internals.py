@@ -69,9 +69,7 @@ _PRIVATE = re.compile(
     r"maybe_config_dropout_masks|maybe_reset_dropout_masks|expected_batch_size)\b|"
     r"\bmodel_supports_jit\b|keras\.optimizers\.Optimizer\.build\b"
 )
-_PENDING_MIGRATION = {
-    "backend/tensorflow.py": {"tensorflow.python"},
-}
+_PENDING_MIGRATION: dict[str, set[str]] = {}
 
 
 def _private_uses(path: Path) -> set[str]:

@@ -16,8 +16,6 @@ import zlib
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.framework import ops as tf_ops
-from tensorflow.python.ops import control_flow_util
 
 from keras_mpfp16.backend.tf_gradients import (  # noqa: F401  (the bridge's API)
     allreduce_gradients,
@@ -25,14 +23,8 @@ from keras_mpfp16.backend.tf_gradients import (  # noqa: F401  (the bridge's API
     reduction_path,
 )
 from keras_mpfp16.backend.tf_order import ordered
+from keras_mpfp16.internals.tensorflow import in_xla_context  # noqa: F401  (bridge API)
 from keras_mpfp16.runtime import collectives, world
-
-
-def in_xla_context() -> bool:
-    """True while tracing a function compiled with XLA (`jit_compile=True`)."""
-    graph = tf_ops.get_default_graph()
-    return control_flow_util.GraphOrParentsInXlaContext(graph)
-
 
 _XLA_ASSERT_WARNING = (
     "keras_mpfp16: this train step is compiled with XLA, which cannot raise "

@@ -18,6 +18,8 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from keras_mpfp16.internals import keras as keras_internals
+
 StepWrapper = Callable[[Callable], Callable]
 
 
@@ -115,5 +117,4 @@ def _rebuild(model, reg: _Registry) -> None:
         model.train_step = train
         model.test_step = test
     # Traced functions captured the old steps: have Keras build new ones.
-    model.train_function = None
-    model.test_function = None
+    keras_internals.reset_step_functions(model, ("train", "test"))
