@@ -14,8 +14,8 @@ wires.
 "before" runs the package as it was at the `--before` commit (exported with
 `git archive` and put first on PYTHONPATH), "after" the working tree. Each
 round runs before then after (one mpirun job each; inside a job every size
-and wire is measured, wires side by side), so the comparisons are medians of
-per-round ratios:
+and wire is measured, a block of calls per wire, size by size), so the
+comparisons are medians of per-round ratios:
 
   lowp_over_f32[impl][size][wire]  16-bit time / float32 time (< 1: the 16-bit
                                    wire is faster), within one job
@@ -59,7 +59,7 @@ def worker(args):
         tensors = [tf.constant(p) for p in parts]
         shapes = [p.shape for p in parts]
         fns = {}
-        for wire in WIRES:
+        for wire in args.wires:
 
             @tf.function
             def reduce(ts, wire=wire, shapes=shapes):
@@ -75,15 +75,18 @@ def worker(args):
 
             reduce(tensors)  # trace + warm
             fns[wire] = reduce
-        times = {w: [] for w in WIRES}
-        for _ in range(args.calls):  # wires interleaved call by call
-            for wire in WIRES:
+        times = {w: [] for w in args.wires}
+        # One block of calls per wire (a warm-up call first): interleaving
+        # call by call let one wire's allocations and caches slow the next.
+        for wire in args.wires:
+            for i in range(args.calls + 1):
                 runtime.barrier()
                 t0 = time.perf_counter()
                 out, finite = fns[wire](tensors)
                 _ = out[0].numpy()  # wait for the whole step's outputs
-                times[wire].append(time.perf_counter() - t0)
-        for wire in WIRES:
+                if i:
+                    times[wire].append(time.perf_counter() - t0)
+        for wire in args.wires:
             local = statistics.median(times[wire])
             # A collective ends for everyone together: the slowest rank's view.
             results[f"{mb:g}MB/{wire}"] = float(
@@ -114,12 +117,19 @@ def main():
     p.add_argument("--calls", type=int, default=5)
     p.add_argument("--sizes-mb", type=float, nargs="+", default=[1, 16, 64, 120])
     p.add_argument("--bucket-mb", type=float, default=25.0)
+    p.add_argument("--wires", nargs="+", default=list(WIRES), choices=WIRES)
+    p.add_argument(
+        "--max-others",
+        type=float,
+        default=0.15,
+        help="re-measure a round in which other processes used more CPU than this",
+    )
     p.add_argument("--out")
     args = p.parse_args()
     if args.worker:
         return worker(args)
 
-    from interleave import median_ratios, run_rounds  # noqa: F401
+    from interleave import run_rounds
     from mpi_launch import mpi_env, mpirun_path
 
     tmp = Path(tempfile.mkdtemp(prefix="kmp_wire_"))
@@ -153,8 +163,10 @@ def main():
         str(args.bucket_mb),
         "--sizes-mb",
         *[f"{s:g}" for s in args.sizes_mb],
+        "--wires",
+        *args.wires,
     ]
-    detail = {"before": [], "after": []}
+    measured = []  # every job's record; run_rounds keeps an index per round
 
     def measure(impl):
         out = tmp / f"{impl}.json"
@@ -172,23 +184,31 @@ def main():
         if res.returncode != 0:
             raise RuntimeError(f"{impl} failed:\n{res.stderr[-4000:]}")
         rec = json.loads(out.read_text())
-        detail[impl].append(rec)
+        measured.append(rec)
         print(f"  {impl}: {rec['package']}", flush=True)
         for key, s in rec["seconds"].items():
             print(f"    {key:>16s} {s * 1e3:9.1f} ms", flush=True)
-        return sum(rec["seconds"].values())
+        # An index, so a round measured again (other processes busy) keeps
+        # exactly the records of its kept attempt.
+        return float(len(measured) - 1)
 
-    run_rounds(
+    contention = {}
+    kept = run_rounds(
         ["before", "after"],
         measure,
         args.rounds,
-        fmt=lambda s: f"{s:.2f}s(all sizes)",
+        fmt=lambda i: f"{sum(measured[int(i)]['seconds'].values()):.2f}s(all sizes)",
+        max_others=args.max_others,
+        contention=contention,
     )
+    detail = {impl: [measured[int(i)] for i in kept[impl]] for impl in kept}
     sizes = [f"{s:g}MB" for s in args.sizes_mb]
 
     def per_round(impl, size, wire):
         return [r["seconds"][f"{size}/{wire}"] for r in detail[impl]]
 
+    wires = list(args.wires)
+    lowp = [w for w in wires if w != "float32"] if "float32" in wires else []
     lowp_over_f32 = {
         impl: {
             size: {
@@ -198,7 +218,7 @@ def main():
                         per_round(impl, size, wire), per_round(impl, size, "float32")
                     )
                 )
-                for wire in WIRES[1:]
+                for wire in lowp
             }
             for size in sizes
         }
@@ -212,7 +232,7 @@ def main():
                     per_round("after", size, wire), per_round("before", size, wire)
                 )
             )
-            for wire in WIRES
+            for wire in wires
         }
         for size in sizes
     }
@@ -220,7 +240,7 @@ def main():
         impl: {
             size: {
                 wire: statistics.median(per_round(impl, size, wire)) * 1e3
-                for wire in WIRES
+                for wire in wires
             }
             for size in sizes
         }
@@ -231,13 +251,13 @@ def main():
         cells = "  ".join(
             f"{impl} {wire}={lowp_over_f32[impl][size][wire]:.2f}"
             for impl in ("before", "after")
-            for wire in WIRES[1:]
+            for wire in lowp
         )
         print(f"  {size:>6s}  {cells}")
     print("after / before (same wire):")
     for size in sizes:
         cells = "  ".join(
-            f"{wire}={after_over_before[size][wire]:.2f}" for wire in WIRES
+            f"{wire}={after_over_before[size][wire]:.2f}" for wire in wires
         )
         print(f"  {size:>6s}  {cells}")
     result = {
@@ -252,6 +272,7 @@ def main():
         "calls_per_measurement": args.calls,
         "timed": "tf.function over 8 float32 tensors calling "
         "allreduce_gradients(op='sum'); median of calls, slowest rank",
+        "others_cpu_share": contention,
         "lowp_over_f32": lowp_over_f32,
         "after_over_before": after_over_before,
         "median_ms": median_ms,
