@@ -168,3 +168,18 @@ def test_kmp_recurrent_layers_train_in_every_policy(np_):
             assert mine["finite"], (policy, r["rank"])
             assert mine["digest"] == root["digest"], (policy, r["rank"])
             assert mine["lanes_digest"] == root["lanes_digest"], (policy, r["rank"])
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_custom_train_step_logs_match_one_process(np_, tmp_path):
+    """keras.io's custom train_step/test_step with its own loss tracker and
+    metric (a subclassed model, unseeded ranks): global logs, train and
+    validation, equal to one process's; one model on every rank."""
+    recs = ok(run_mpi(np_, "whole_script.py", str(tmp_path), "custom", timeout=300))
+    assert len({r["digest"] for r in recs}) == 1
+    for r in recs:
+        hist, ref = r["history"], r["ref_history"]
+        assert set(hist) == set(ref) == {"loss", "mae", "val_loss", "val_mae"}
+        for key in ref:
+            for got, want in zip(hist[key], ref[key]):
+                assert rel(got, want) <= RTOL, (key, hist[key], ref[key])

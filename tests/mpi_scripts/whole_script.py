@@ -400,5 +400,85 @@ elif part == "inputs":
         "union_loss": union.evaluate(*tails, verbose=0, return_dict=True)["loss"],
     }
     emit(results=results, files=sorted(os.listdir(out_dir)) if rank == 0 else None)
+elif part == "custom":
+    # keras.io's "Customizing what happens in fit()": a subclassed model with
+    # its own train_step, loss tracker and metric; unseeded ranks.
+    import tensorflow as tf
+
+    class CustomModel(keras.Model):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.hidden = keras.layers.Dense(8, activation="tanh")
+            self.out = keras.layers.Dense(1)
+            self.loss_tracker = keras.metrics.Mean(name="loss")
+            self.mae_metric = keras.metrics.MeanAbsoluteError(name="mae")
+
+        def call(self, x):
+            return self.out(self.hidden(x))
+
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                y_pred = self(x, training=True)
+                loss = keras.losses.mean_squared_error(y, y_pred)
+                loss = tf.reduce_mean(loss)
+            grads = tape.gradient(loss, self.trainable_variables)
+            self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
+            self.loss_tracker.update_state(loss)
+            self.mae_metric.update_state(y, y_pred)
+            return {"loss": self.loss_tracker.result(), "mae": self.mae_metric.result()}
+
+        def test_step(self, data):
+            x, y = data
+            y_pred = self(x, training=False)
+            self.loss_tracker.update_state(
+                tf.reduce_mean(keras.losses.mean_squared_error(y, y_pred))
+            )
+            self.mae_metric.update_state(y, y_pred)
+            return {"loss": self.loss_tracker.result(), "mae": self.mae_metric.result()}
+
+        @property
+        def metrics(self):
+            return [self.loss_tracker, self.mae_metric]
+
+    keras.utils.set_random_seed(1000 + rank)
+    b = 8
+    x, y = data(11, 16 * n)
+    y = y[:, None]
+    xv, yv = data(12, 24)
+    yv = yv[:, None]
+    model = CustomModel()
+    model(x[:1])
+    root_initial = kmp.broadcast([np.asarray(w) for w in model.get_weights()])
+    model.compile(optimizer=kmp.DistributedOptimizer(keras.optimizers.SGD(0.1)))
+    hist = model.fit(
+        *kmp.shard(x, y, batch_size=b),
+        batch_size=b,
+        epochs=2,
+        shuffle=False,
+        verbose=0,
+        validation_data=(xv, yv),
+    )
+    ref = CustomModel()
+    ref(x[:1])
+    ref.set_weights(root_initial)
+    ref.compile(optimizer=keras.optimizers.SGD(0.1))
+    # The custom loss tracker averages batch means (weight 1 per batch): the
+    # one process must validate with the same batches to be comparable.
+    ref_hist = ref.fit(
+        x,
+        y,
+        batch_size=n * b,
+        epochs=2,
+        shuffle=False,
+        verbose=0,
+        validation_data=(xv, yv),
+        validation_batch_size=b,
+    )
+    emit(
+        history=hist.history,
+        ref_history=ref_hist.history,
+        digest=digest(every_variable(model)),
+    )
 else:
     raise SystemExit(f"unknown part {part!r}")
