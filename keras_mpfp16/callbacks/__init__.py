@@ -4,10 +4,12 @@
   ("linear", "sqrt", "paper", "none"), with warmup, decay and a cap,
   computed inside every train step.
 - `GlobalMetrics`: logs (training and validation, per batch and per epoch)
-  that are exact over all ranks' data, whatever the callback order.
+  that are exact over all ranks' data, whatever the callback order — built
+  into `fit`/`evaluate` for `DistributedOptimizer` models; for others.
 - `AtomicModelCheckpoint`: `ModelCheckpoint` written by rank 0 only, via a
-  temporary file and an atomic rename.
-- `root_only`: run any callback (CSVLogger, TensorBoard, ...) on rank 0 only.
+  temporary file and an atomic rename (stock `ModelCheckpoint` behaves so
+  too in a `DistributedOptimizer` model's `fit`).
+- `root_only`: run any callback on rank 0 only.
 """
 
 from keras_mpfp16.callbacks import rank_output as _rank_output

@@ -43,11 +43,13 @@ class RootOnly(keras.callbacks.Callback):
 def root_only(callback: keras.callbacks.Callback) -> keras.callbacks.Callback:
     """Runs `callback` on rank 0 only.
 
-    For callbacks that write files or print: `ModelCheckpoint`, `TensorBoard`,
-    `CSVLogger`, `BackupAndRestore`-like user callbacks. Never for callbacks
-    that change training (`EarlyStopping`, `ReduceLROnPlateau`,
-    `TerminateOnNaN`): every rank must take those decisions together, so run
-    them on all ranks and add `GlobalMetrics` so they all see the same logs.
+    For your own callbacks that write files or print. (`fit` of a model
+    compiled with a `DistributedOptimizer` already runs Keras's
+    `ModelCheckpoint`, `CSVLogger`, `TensorBoard` and `RemoteMonitor` on rank
+    0 only, and `BackupAndRestore` safely.) Never for callbacks that change
+    training (`EarlyStopping`, `ReduceLROnPlateau`, `TerminateOnNaN`): every
+    rank must take those decisions together, so run them on all ranks; they
+    see the same, global logs.
 
     Args:
         callback: A Keras callback.
@@ -61,11 +63,7 @@ def root_only(callback: keras.callbacks.Callback) -> keras.callbacks.Callback:
     ```python
     import keras_mpfp16 as kmp
 
-    callbacks = [
-        kmp.callbacks.GlobalMetrics(),
-        kmp.callbacks.root_only(keras.callbacks.CSVLogger("log.csv")),
-        kmp.callbacks.root_only(keras.callbacks.TensorBoard("tb")),
-    ]
+    callbacks = [kmp.callbacks.root_only(MyPlotWriter("plots/"))]
     ```
     """
     if not isinstance(callback, keras.callbacks.Callback):
