@@ -41,7 +41,9 @@ def test_local_dense_form_sums_repeated_rows():
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_cpu_segment_sum_adds_in_input_order(seed):
-    """The combine step relies on it: same gathered records -> same bits."""
+    """Every rank densifies the same gathered slices (TensorFlow's IndexedSlices
+    -> dense conversion is an unsorted segment sum): same input order, same
+    bits on every rank, as long as the sum runs in input order (CPU)."""
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, 50, size=3000).astype(np.int32)
     vals = (rng.normal(size=(3000, 3)) * 10.0 ** rng.integers(-4, 4, (3000, 1))).astype(

@@ -9,9 +9,10 @@ Per train step, for a list of gradients:
   counts of the sparse gradients, so the step check and the sparse/dense
   decision cost no MPI call of their own;
 * `tf.IndexedSlices` gradients (Embedding) are reduced by an allgather of
-  their (deduplicated) rows and indices when that moves fewer bytes than the
-  dense tensor, decided from the allgathered row counts (the same on every
-  rank), else densely.
+  every rank's slices (rows and indices) when that moves fewer bytes than
+  the dense tensor, decided from the allgathered slice counts (the same on
+  every rank), else densely. Gathered slices reach the inner optimizer as
+  the `tf.IndexedSlices` one process would have computed on the whole batch.
 
 Buffers reach MPI in one of two ways, chosen once per process
 (`reduction_path()`): on the host through `tf.numpy_function` (numpy views)
@@ -502,10 +503,19 @@ def _split(flat, sizes, tail):
 
 
 class _SparseGradient:
-    """An IndexedSlices gradient, deduplicated locally (rows of equal index summed).
+    """An IndexedSlices gradient, reduced as the slices one process would see.
 
-    The row count depends only on the indices (known after the forward pass),
-    so the first bucket can carry it while backprop still runs.
+    Every rank contributes its slices as they are (one per lookup, repeated
+    indices included) and receives every rank's, so the inner optimizer gets
+    the `tf.IndexedSlices` one process computes on the concatenated batch.
+    That matters beyond the sum: Keras's optimizers square the *slices* of a
+    sparse gradient (Adam's second moment adds the squares of repeated
+    rows, not the square of their sum), so densifying or deduplicating the
+    gradient would change the training trajectory (measured: the IMDB
+    stand-in's Adam run collapses within an epoch with a densified Embedding
+    gradient, also in one process). The slice count depends only on the
+    indices (known after the forward pass), so the first bucket can carry
+    it while backprop still runs.
     """
 
     def __init__(self, index: int, grad: tf.IndexedSlices, shape: tf.TensorShape):
@@ -514,21 +524,23 @@ class _SparseGradient:
         self.dtype = grad.values.dtype
         self.num_rows = int(shape[0])
         self.row_elems = int(shape[1:].num_elements())
-        values = tf.reshape(tf.cast(grad.values, tf.float32), [-1, self.row_elems])
-        uniq, pos = tf.unique(tf.cast(grad.indices, tf.int32), out_idx=tf.int32)
-        self.indices = uniq
-        self.rows = tf.math.unsorted_segment_sum(values, pos, tf.size(uniq))
-        self.count = tf.cast(tf.size(uniq), tf.int64)
+        self.rows = tf.reshape(tf.cast(grad.values, tf.float32), [-1, self.row_elems])
+        self.indices = tf.cast(grad.indices, tf.int32)
+        self.count = tf.cast(tf.size(self.indices), tf.int64)
 
     def local_dense(self):
-        """This rank's gradient as a dense float32 vector (indices are unique)."""
-        dense = tf.scatter_nd(
-            self.indices[:, None], self.rows, [self.num_rows, self.row_elems]
-        )
+        """This rank's gradient as a dense float32 vector (repeats summed)."""
+        dense = tf.math.unsorted_segment_sum(self.rows, self.indices, self.num_rows)
         return tf.reshape(dense, [-1])
 
-    def allgather(self, counts, step, label: str, average: bool, per_rank: bool):
-        """Every rank's rows, summed into a dense float32 vector, and finite."""
+    def as_slices(self, flat_dense):
+        """A dense reduced gradient in the same form as `allgather`'s result:
+        every row, once (`tf.cond` needs one structure for both paths)."""
+        rows = tf.reshape(flat_dense, [self.num_rows, self.row_elems])
+        return rows, tf.range(self.num_rows, dtype=tf.int32)
+
+    def allgather(self, counts, step, label: str, average: bool):
+        """Every rank's slices (rows, indices), in rank order, and finite."""
         n = world.size()
         records = tf.concat(
             [tf.bitcast(self.indices, tf.float32)[:, None], self.rows], 1
@@ -544,22 +556,9 @@ class _SparseGradient:
         gathered.set_shape([None, self.row_elems + 1])
         index = tf.bitcast(gathered[:, 0], tf.int32)
         rows = gathered[:, 1:]
-        if per_rank:
-            # GPU segment sums add with atomics (order varies, and so would
-            # the bits across ranks for N > 2): add rank by rank instead; a
-            # rank's indices are unique, so each scatter is exact.
-            dense = tf.zeros([self.num_rows, self.row_elems], tf.float32)
-            sizes = tf.cast(counts, tf.int32)
-            for idx, vals in zip(
-                tf.split(index, sizes, num=n), tf.split(rows, sizes, num=n)
-            ):
-                dense = tf.tensor_scatter_nd_add(dense, idx[:, None], vals)
-        else:
-            # CPU: sums each output row in input (= rank) order.
-            dense = tf.math.unsorted_segment_sum(rows, index, self.num_rows)
         if average:
-            dense = dense * (1.0 / n)
-        return tf.reshape(dense, [-1]), tf.reshape(finite, [])
+            rows = rows * (1.0 / n)
+        return (rows, index), tf.reshape(finite, [])
 
 
 # -- the entry point --------------------------------------------------------------------------
@@ -599,12 +598,20 @@ def allreduce_gradients(
     `check_step_table`) -- and the row counts of the sparse gradients.
 
     `tf.IndexedSlices` gradients: with `sparse="auto"` (default) each is
-    reduced by an allgather of its deduplicated (index, row) records when
-    that moves fewer bytes than the dense tensor on the wire, else densely
+    reduced by an allgather of every rank's (index, row) slices when that
+    moves fewer bytes than the dense tensor on the wire, else densely
     (decided in the step from the allgathered counts, so the same on every
     rank); `"sparse"` always gathers, `"dense"` densifies them into the
     buckets. `$KERAS_MPFP16_SPARSE_GRADIENTS` sets the default. Gathered rows
-    travel as float32 whatever `wire_dtype` is. The result is dense either way.
+    travel as float32 whatever `wire_dtype` is. A gathered gradient comes
+    back as the `tf.IndexedSlices` one process would have (all ranks'
+    slices, values averaged), so the inner optimizer treats it exactly as
+    in one process; a densely reduced one as the sum over ranks, every row
+    once (an IndexedSlices over all rows under `"auto"`, a dense tensor
+    under `"dense"`). For optimizers linear in the gradient (SGD) both are
+    the same update; Adam-like optimizers square the slices, so there the
+    dense form is a different (the pre-0.2, Horovod `sparse_as_dense`)
+    trajectory: `"sparse"` always gives one process's.
 
     Args:
         grads: Gradients (tensors, `tf.IndexedSlices` or None).
@@ -689,7 +696,6 @@ def allreduce_gradients(
             for i, piece in zip(idx, pieces):
                 reduced[i] = tf.cast(tf.reshape(piece, shapes[i]), dense[i].dtype)
 
-    per_rank = bool(tf.config.list_logical_devices("GPU"))
     itemsize = wire.wire_itemsize(wire_dtype)
     for j, s in enumerate(sparse_grads):
         label = f"sparse gradient {j + 1}/{len(sparse_grads)}"
@@ -698,9 +704,7 @@ def allreduce_gradients(
         # Branches of tf.cond: plain Python, not for AutoGraph to convert.
         @tf.autograph.experimental.do_not_convert
         def gather(s=s, counts_j=counts_j, label=label):
-            return s.allgather(
-                counts_j, step, label + " (allgather)", average, per_rank
-            )
+            return s.allgather(counts_j, step, label + " (allgather)", average)
 
         @tf.autograph.experimental.do_not_convert
         def dense_reduce(s=s, label=label):
@@ -716,17 +720,21 @@ def allreduce_gradients(
                 average=average,
                 device=device,
             )
-            return _split(out, [size], tail)[0], fin
+            return s.as_slices(_split(out, [size], tail)[0]), fin
 
         if mode == "sparse":
-            out, fin = gather()
+            (rows, index), fin = gather()
         else:
             use_sparse = sparse_is_cheaper(
                 tf.reduce_sum(counts_j), s.row_elems, s.num_rows, itemsize
             )
-            out, fin = tf.cond(use_sparse, gather, dense_reduce)
+            (rows, index), fin = tf.cond(use_sparse, gather, dense_reduce)
         finite_flags.append(fin)
-        reduced[s.index] = tf.cast(tf.reshape(out, s.shape), s.dtype)
+        reduced[s.index] = tf.IndexedSlices(
+            tf.cast(tf.reshape(rows, [-1, *s.shape[1:]]), s.dtype),
+            index,
+            dense_shape=tf.constant(s.shape.as_list(), tf.int64),
+        )
     finite = (
         tf.reduce_all(tf.stack(finite_flags)) if finite_flags else tf.constant(True)
     )
