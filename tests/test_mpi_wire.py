@@ -130,13 +130,6 @@ def test_allreduce_benchmark_cli_measures_every_wire_in_graph(tmp_path):
     assert all(r["seconds"] > 0 for r in records)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="pending in DistributedOptimizer: its unscaling `g * inv` turns the "
-    "gathered IndexedSlices into a dense tensor; `ops.multiply(g, inv)` keeps "
-    "the slices (measured 1.18 -> 1.6e-07 relative difference to one process). "
-    "Remove this marker with that change.",
-)
 @pytest.mark.parametrize("np_", [2, 3])
 def test_gathered_embedding_gradients_train_like_one_process_with_adam(np_):
     recs = ok(run_mpi(np_, "sparse_equivalence.py", timeout=240))

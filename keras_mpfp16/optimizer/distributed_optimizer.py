@@ -389,7 +389,12 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
             else:
                 inv = None
             unscaled = [
-                g if g is None or p or inv is None else g * ops.cast(inv, g.dtype)
+                # ops.multiply keeps a gathered IndexedSlices sparse (the
+                # slices one process would hand the inner optimizer); `*`
+                # would densify it and change Adam's second moment.
+                g
+                if g is None or p or inv is None
+                else ops.multiply(g, ops.cast(inv, g.dtype))
                 for g, p in zip(grads, passthrough)
             ]
             self.inner_optimizer.apply(unscaled, trainable_variables=variables)
