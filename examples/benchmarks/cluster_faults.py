@@ -162,6 +162,7 @@ def main():
                 {
                     "when": time.strftime("%Y-%m-%d %H:%M"),
                     "command": "python " + " ".join(sys.argv),
+                    "args": {"repeat": args.repeat},
                     "heartbeat_timeout_s": os.environ.get(
                         "KERAS_MPFP16_HEARTBEAT_TIMEOUT", "default (30)"
                     ),

@@ -114,6 +114,7 @@ def main():
             best = min(pred, key=lambda a: abs(math.log(pred[a] / measured)))
             check_allreduce.append(
                 {
+                    "open_mpi_algorithm": job.get("allreduce_algorithm", "default"),
                     "rate": job["rate"],
                     "nodes": job["nodes"],
                     "bytes": int(m),
@@ -242,7 +243,7 @@ def main():
     print("\nOpen MPI allreduce at 2-4 nodes: measured vs model (closest algorithm)")
     for c in check_allreduce:
         print(
-            f"  {c['rate']:>6} N={c['nodes']} {c['bytes']:>9} B: measured "
+            f"  {c['open_mpi_algorithm']:>16} {c['rate']:>6} N={c['nodes']} {c['bytes']:>9} B: measured "
             f"{c['measured_s'] * 1e3:9.3f} ms, {c['closest']} {c['closest_ratio']:.2f}x"
         )
     print("\nfloat32 step: measured vs compute + model allreduce")

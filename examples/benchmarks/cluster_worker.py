@@ -208,7 +208,11 @@ class CommOnly:
                 step=tf.constant(0, tf.int64),
                 sparse=sparse,
             )
-            return tf.add_n([tf.reduce_sum(o[:1]) for o in out]), finite
+            # (a gathered Embedding gradient may come back as IndexedSlices)
+            firsts = [
+                o.values[:1] if isinstance(o, tf.IndexedSlices) else o[:1] for o in out
+            ]
+            return tf.add_n([tf.reduce_sum(f) for f in firsts]), finite
 
         self.fn = reduce
         self.fn()  # trace, connect
