@@ -150,9 +150,9 @@ def main():
     p.add_argument(
         "--max-others",
         type=float,
-        default=0.1,
+        default=None,
         help="measure a round again when other processes used more than this "
-        "share of the machine's CPU during one of its runs (1 = never)",
+        "share of the machine's CPU during one of its runs (default: never)",
     )
     p.add_argument("--retries", type=int, default=3, help="at most, per round")
     p.add_argument("--out")
