@@ -404,7 +404,33 @@ exec taskset -c "$core" ip netns exec "$host" unshare --uts sh -c "hostname $hos
                     break
                 time.sleep(0.1)
         _run(["ip", "link", "del", self.bridge], check=False)
+        # The kernel tears a deleted namespace's veth pairs down asynchronously:
+        # the host-side peers can outlive `ip netns del` by a moment, and an
+        # `up()` right after then fails with "File exists". Delete any left
+        # (a killed run leaves them too) and wait until they are gone.
+        for _ in range(100):
+            left = self._leftover_links()
+            if not left:
+                break
+            for name in left:
+                _run(["ip", "link", "del", name], check=False)
+            time.sleep(0.1)
+        else:
+            raise RuntimeError(
+                f"emulated cluster: interfaces {self._leftover_links()} could not be "
+                "removed; remove them with `ip link del NAME`."
+            )
         self._edit_hosts(add=[])
+
+    def _leftover_links(self) -> list[str]:
+        res = _run(["ip", "-o", "link", "show"], check=False)
+        pat = re.compile(rf"^{re.escape(self.prefix[:6])}[vp]\d+$")
+        names = [
+            line.split(":")[1].strip().split("@")[0]
+            for line in res.stdout.splitlines()
+            if line.count(":") >= 2
+        ]
+        return [n for n in names if pat.match(n)]
 
     def _edit_hosts(self, add: list[str]) -> None:
         try:
