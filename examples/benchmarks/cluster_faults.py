@@ -101,9 +101,15 @@ def one_run(cluster: Cluster, variant: str) -> dict:
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-        out = proc.communicate()[0]
-        cluster.link(CUT, up=True)
+        # The cut node's daemons outlive mpirun and hold its output pipe open:
+        # end everything in the nodes before reading the output to its end.
         cluster.kill_all()
+        try:
+            out = proc.communicate(timeout=30)[0]
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out = proc.communicate()[0]
+        cluster.link(CUT, up=True)
     ranks = {}
     for r in range(NODES):
         err = (d / f"err.{r}").read_text() if (d / f"err.{r}").exists() else ""
