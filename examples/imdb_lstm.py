@@ -98,6 +98,13 @@ def parse_args(argv=None):
     )
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument(
+        "--lr-rule",
+        choices=["none", "linear", "sqrt", "paper"],
+        default="none",
+        help="scale Adam's learning rate for N workers with "
+        "kmp.callbacks.LearningRateScaler (not one of the three lines)",
+    )
+    p.add_argument(
         "--report-json",
         action="store_true",
         help="print one JSON line of phase timings (benchmarks)",
@@ -138,14 +145,17 @@ def main(argv=None):
         loss="binary_crossentropy",
         metrics=["accuracy"],
     )
-    timer = [imdb_synthetic.PhaseTimer()] if args.report_json else []
+    timer = imdb_synthetic.PhaseTimer() if args.report_json else None
+    callbacks = [timer] if timer else []
+    if args.lr_rule != "none":
+        callbacks.append(kmp.callbacks.LearningRateScaler(rule=args.lr_rule))
     history = model.fit(
         x_train,
         y_train,
         batch_size=args.batch_size,
         epochs=args.epochs,
         validation_data=(x_val, y_val),
-        callbacks=timer,
+        callbacks=callbacks,
     )
     accuracy = history.history["val_accuracy"][-1]
     if kmp.is_root():
@@ -154,7 +164,7 @@ def main(argv=None):
             f"{kmp.size()} ranks, policy {args.policy})"
         )
         if timer:
-            timer[0].report(val_accuracy=accuracy, ranks=kmp.size())
+            timer.report(val_accuracy=accuracy, ranks=kmp.size())
     return accuracy
 
 
