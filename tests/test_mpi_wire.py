@@ -49,6 +49,7 @@ def test_in_step_reduction_wires_paths_step_check_and_call_counts(np_):
                 assert r[f"{key}_nan_sparse_finite"] is False, key
         # The forced path handed the float32 buckets to MPI through DLPack too.
         assert r["dlpack_dlpack_calls"] > r["host_dlpack_calls"] > 0
+        assert r["cupy_imported"] is False  # DLPack straight into mpi4py
         for wire in WIRES:
             assert r[f"paths_bitwise_equal_{wire}"], wire
             steps = ", ".join(

@@ -13,6 +13,7 @@ Prints one JSON line per rank.
 
 import json
 import os
+import sys
 import zlib
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -142,6 +143,8 @@ for path in ("host", "dlpack"):
             [grads[0], bad_emb], wire, sparse="sparse"
         )[1]
     out[f"{path}_dlpack_calls"] = cuda.path_counts["dlpack"] - before
+# The device path needs no CuPy (issue 13: it used to import it on first use).
+out["cupy_imported"] = "cupy" in sys.modules
 
 for wire in WIRES:
     out[f"paths_bitwise_equal_{wire}"] = all(
