@@ -629,6 +629,41 @@ def state_sync(folder):
     )
 
 
+@table("before_after")
+def before_after(folder):
+    d = load(folder, "before_after.json")
+    rows = []
+    for pol in d["policies"]:
+        sps = d["samples_per_s"][pol]
+        share = d["others_cpu_share"][pol]
+        worst = [
+            max(a, b) for a, b in zip(share["before"], share["after"]) if a is not None
+        ]
+        rows.append(
+            [
+                pol,
+                fmt_list(sps["before"]),
+                fmt_list(sps["after"]),
+                f"**{d['after_over_before'][pol]:.3f}**",
+                fmt_list([100 * x for x in worst], "{:.0f}%"),
+            ]
+        )
+    return (
+        f"*{d['when']}, np=2, before = commit {d['before_commit']}, after = "
+        f"commit {d['after_commit']}, {d['args']['rounds']} interleaved rounds*\n\n"
+        + md(
+            [
+                "policy",
+                "before samples/s",
+                "after samples/s",
+                "after / before (median of per-round ratios)",
+                "others' CPU share per round",
+            ],
+            rows,
+        )
+    )
+
+
 IMDB_CONFIGS = {
     "single": "keras.io's script, unmodified, one process",
     "kmp_np1": "with the three lines, one process",
