@@ -79,6 +79,12 @@ def parse_args(argv=None):
         metavar="PATH",
         help="local imdb.npz, or 'synthetic' (default: download)",
     )
+    p.add_argument(
+        "--sentiment-rate",
+        type=float,
+        default=0.05,
+        help="with --data synthetic: share of sentiment words per review",
+    )
     p.add_argument("--max-features", type=int, default=20000, help="vocabulary size")
     p.add_argument("--maxlen", type=int, default=200, help="words kept per review")
     p.add_argument("--embedding", type=int, default=128, help="embedding width")
@@ -118,7 +124,7 @@ def main(argv=None):
     keras.utils.set_random_seed(args.seed)
     if args.data == "synthetic":
         (x_train, y_train), (x_val, y_val) = imdb_synthetic.load_data(
-            num_words=args.max_features
+            num_words=args.max_features, sentiment_rate=args.sentiment_rate
         )
     elif args.data:
         (x_train, y_train), (x_val, y_val) = load_imdb_npz(args.data, args.max_features)
