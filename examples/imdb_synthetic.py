@@ -14,7 +14,7 @@ class 80% of the time and from the other class 20% of the time. A model has
 to find those words among ~200 ordinary ones and weigh them. How soon it
 does depends on the seed and the number of steps: with the default 5%,
 keras.io's bidirectional LSTM ended one epoch (one process, 2026-12-01) at
-0.53-0.90 validation accuracy over seeds at batch 32 and 0.69-0.88 at batch
+0.53-0.90 validation accuracy over seeds at batch 32 and 0.69-0.91 at batch
 64 (the global batch of np=2), where the real set gives about 0.85-0.88.
 `sentiment_rate=0.08` makes one epoch reliable (0.948-0.963 over three
 seeds at batch 64, one process). These are one-off observations, not
