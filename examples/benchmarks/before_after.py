@@ -31,17 +31,8 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(HERE))
 
-from interleave import OthersCPU  # noqa: E402
+from interleave import OthersCPU, export_commit  # noqa: E402
 from mpi_launch import mpi_env, mpirun_path  # noqa: E402
-
-
-def export_commit(commit: str, dest: Path) -> None:
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", commit, "keras_mpfp16"],
-        capture_output=True,
-        check=True,
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
 
 
 def main(argv=None) -> int:

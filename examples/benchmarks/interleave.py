@@ -13,8 +13,10 @@ repeat a round in which they took too much.
 import os
 import resource
 import statistics
+import subprocess
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 
 def _busy_and_total_seconds() -> tuple[float, float]:
@@ -134,3 +136,18 @@ def median_ratios(raw: dict[str, list[float]], baseline: str) -> dict[str, float
         n: statistics.median(a / b for a, b in zip(xs, raw[baseline]))
         for n, xs in raw.items()
     }
+
+
+def export_commit(commit: str, dest: Path) -> None:
+    """Writes the package as it was at `commit` into `dest` (for PYTHONPATH).
+
+    Used by the before/after benchmarks to run an earlier version of
+    `keras_mpfp16` next to the working tree.
+    """
+    root = Path(__file__).resolve().parents[2]
+    archive = subprocess.run(
+        ["git", "-C", str(root), "archive", commit, "keras_mpfp16"],
+        check=True,
+        capture_output=True,
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)

@@ -37,6 +37,8 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(HERE))
 
+from interleave import export_commit  # noqa: E402
+
 WIRES = ("float32", "float16", "bfloat16")
 
 
@@ -96,15 +98,6 @@ def worker(args):
         Path(args.out).write_text(
             json.dumps({"package": keras_mpfp16.__file__, "seconds": results})
         )
-
-
-def export_commit(commit: str, dest: Path) -> None:
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", commit, "keras_mpfp16"],
-        check=True,
-        capture_output=True,
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
 
 
 def main():
