@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +27,27 @@ def mpirun_path() -> str:
     return found
 
 
+# Every launch gets a TMPDIR of its own, under one directory removed when the
+# test process exits. Why: mpirun keeps its session directory and PMIx
+# rendezvous files in $TMPDIR/ompi.<pid of mpirun>; a mpirun killed with
+# SIGKILL (a timeout, the fault and partition tests) leaves them behind, and
+# a later mpirun that happens to get the same pid - pid_max is 32768 on many
+# machines and TensorFlow's threads use pids up fast - fails at once with
+# "The PMIx server's listener thread failed to start" (exit 213). A fresh
+# directory per launch cannot hold a stale file.
+_TMP_BASE: str | None = None
+
+
+def _fresh_tmpdir() -> str:
+    global _TMP_BASE
+    if _TMP_BASE is None:
+        _TMP_BASE = tempfile.mkdtemp(prefix="kmp-tests-")
+        atexit.register(shutil.rmtree, _TMP_BASE, ignore_errors=True)
+    return tempfile.mkdtemp(prefix="job-", dir=_TMP_BASE)
+
+
 def mpi_env(extra: dict | None = None) -> dict:
+    """The environment for one mpirun launch (root allowed, a fresh TMPDIR)."""
     env = dict(os.environ)
     env.update(
         {
@@ -33,6 +55,7 @@ def mpi_env(extra: dict | None = None) -> dict:
             "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
             "TF_CPP_MIN_LOG_LEVEL": "2",
             "PYTHONUNBUFFERED": "1",
+            "TMPDIR": _fresh_tmpdir(),
         }
     )
     if extra:
