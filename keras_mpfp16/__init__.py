@@ -13,6 +13,9 @@ Importing the package registers its Keras objects for `.keras` files. The
 `runtime` subpackage itself never imports Keras.
 """
 
+# The one source of the version (pyproject.toml reads it from here).
+__version__ = "0.2.0"
+
 # Thread defaults must be in the environment before the backend starts its
 # thread pools, i.e. before the first tensor operation: do it first.
 from keras_mpfp16.runtime import threads as _threads
@@ -21,6 +24,7 @@ _threads.apply_thread_defaults()
 
 from keras_mpfp16 import (  # noqa: E402
     callbacks,
+    config,
     data,
     layers,
     optimizer,
@@ -47,11 +51,11 @@ from keras_mpfp16.training import split_predict  # noqa: E402
 # fit/evaluate of DistributedOptimizer models run as one job on all ranks.
 training.install()
 
-__version__ = "0.1.0"
 
 __all__ = [
     "DistributedOptimizer",
     "callbacks",
+    "config",
     "data",
     "layers",
     "shard",

@@ -24,17 +24,15 @@ copy). 16-bit wires are encoded and decoded in the graph; the only host-side
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import tensorflow as tf
 
 from keras_mpfp16.backend.tf_order import ordered
 from keras_mpfp16.optimizer.buckets import plan_buckets, sparse_is_cheaper
-from keras_mpfp16.runtime import collectives, cuda, progress, wire, world
+from keras_mpfp16.runtime import collectives, cuda, env, progress, wire, world
 
-SPARSE_ENV = "KERAS_MPFP16_SPARSE_GRADIENTS"
-SPARSE_MODES = ("auto", "dense", "sparse")
+SPARSE_ENV = "KERAS_MPFP16_SPARSE_GRADIENTS"  # registered in runtime.env
+SPARSE_MODES = env.setting("SPARSE_GRADIENTS").choices
 _H = wire.HEADER_WORDS
 
 
@@ -88,13 +86,10 @@ def _reset_reduction_path() -> None:
 def sparse_mode(mode: str | None = None) -> str:
     """`mode`, else `$KERAS_MPFP16_SPARSE_GRADIENTS`, else `"auto"` (validated)."""
     if mode is None:
-        mode = os.environ.get(SPARSE_ENV, "").strip().lower() or "auto"
-        source = f"{SPARSE_ENV}={mode!r}"
-    else:
-        source = f"sparse={mode!r}"
+        return env.get("SPARSE_GRADIENTS")  # validated there
     if mode not in SPARSE_MODES:
         raise ValueError(
-            f"{source} is not understood; allowed values are {', '.join(SPARSE_MODES)}."
+            f"sparse={mode!r} is not understood; allowed values are {', '.join(SPARSE_MODES)}."
         )
     return mode
 

@@ -7,8 +7,8 @@ warnings and the user's own `print` calls are untouched.
 
 It happens twice: at `import keras_mpfp16`, from the rank the MPI launcher
 announces in the environment (no MPI call, so a `model.summary()` before the
-optimizer exists prints once), and again when a `DistributedOptimizer` is
-made, from the library's communicator (authoritative, e.g. for a
+optimizer exists prints once), and again at each distributed `fit` and
+`evaluate`, from the library's communicator (authoritative, e.g. for a
 sub-communicator passed to `keras_mpfp16.init`).
 
 Set `KERAS_MPFP16_ALL_RANKS_OUTPUT=1` to keep output on every rank.
@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import os
 
-ENV_VAR = "KERAS_MPFP16_ALL_RANKS_OUTPUT"
+from keras_mpfp16.runtime import env
+
+ENV_VAR = "KERAS_MPFP16_ALL_RANKS_OUTPUT"  # registered in runtime.env
 
 # Rank variables set by common MPI launchers, read before MPI is initialised.
 _LAUNCHER_RANK_VARS = (
@@ -35,7 +37,7 @@ _silenced_by_us = False
 
 
 def _all_ranks_requested() -> bool:
-    return os.environ.get(ENV_VAR, "").strip().lower() in ("1", "true", "yes", "on")
+    return env.get("ALL_RANKS_OUTPUT")
 
 
 def launcher_rank() -> int | None:
@@ -85,6 +87,9 @@ def quiet_non_root_ranks() -> bool:
     from keras_mpfp16 import runtime
 
     if _all_ranks_requested():
+        if _silenced_by_us:  # set from Python after import (kmp.config)
+            keras.config.enable_interactive_logging()
+            _silenced_by_us = False
         return False
     if runtime.rank() == 0:
         if _silenced_by_us:  # the launcher's rank was not this communicator's

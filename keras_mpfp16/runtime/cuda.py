@@ -11,11 +11,12 @@ GPU) array.
 from __future__ import annotations
 
 import ctypes
-import os
 import warnings
 from collections import Counter
 
-ENV_OVERRIDE = "KERAS_MPFP16_CUDA_AWARE"
+from keras_mpfp16.runtime import env
+
+ENV_OVERRIDE = "KERAS_MPFP16_CUDA_AWARE"  # registered in runtime.env
 
 # How many gradient collectives ran on each path: "device" (GPU memory handed
 # to MPI), "staged" (GPU tensors copied to the host first), "host" (host
@@ -76,15 +77,9 @@ def detection() -> tuple[bool, str]:
         and is reported once with a warning naming the error.
     """
     global _detected
-    override = os.environ.get(ENV_OVERRIDE, "").strip().lower()
-    if override in ("1", "true", "yes", "on"):
-        return True, f"{ENV_OVERRIDE}={override}"
-    if override in ("0", "false", "no", "off"):
-        return False, f"{ENV_OVERRIDE}={override}"
-    if override:
-        raise ValueError(
-            f"{ENV_OVERRIDE}={override!r} is not understood; use 1 or 0 (or unset it)."
-        )
+    override = env.get("CUDA_AWARE")
+    if override is not None:
+        return override, env.source("CUDA_AWARE")  # starts with ENV_OVERRIDE
     if _detected is None:
         try:
             _detected = _query_library()

@@ -34,7 +34,9 @@ import sys
 import threading
 import traceback
 
-ENV_VAR = "KERAS_MPFP16_ABORT_ON_EXCEPTION"
+from keras_mpfp16.runtime import env
+
+ENV_VAR = "KERAS_MPFP16_ABORT_ON_EXCEPTION"  # registered in runtime.env
 # Seconds MPI_Abort may take before the process ends itself.
 ABORT_GRACE = 5.0
 INTERRUPT_STATUS = 130  # the shell's status for a process ended by SIGINT
@@ -45,12 +47,7 @@ _main = {"frame": None, "exc": None, "lasti": None}
 
 
 def enabled_by_env() -> bool:
-    return os.environ.get(ENV_VAR, "1").strip().lower() not in (
-        "0",
-        "false",
-        "no",
-        "off",
-    )
+    return env.get("ABORT_ON_EXCEPTION")
 
 
 def format_failure(rank: int, size: int, exc_type, exc, tb) -> str:

@@ -33,10 +33,10 @@ import time
 import warnings
 from dataclasses import dataclass
 
-from keras_mpfp16.runtime.stall import _env_seconds
+from keras_mpfp16.runtime import env
 
-WAIT_ENV = "KERAS_MPFP16_EVALUATE_WAIT"
-DEFAULT_WAIT = 5.0
+WAIT_ENV = env.setting("EVALUATE_WAIT").name  # registered in runtime.env
+DEFAULT_WAIT = env.setting("EVALUATE_WAIT").default
 _TAG_ENTER = 11
 _TAG_VERDICT = 12
 # How long after a rank was sent off alone a late arrival is still named in
@@ -58,7 +58,7 @@ class Verdict:
 
 
 def _wait_seconds() -> float:
-    return _env_seconds(WAIT_ENV, DEFAULT_WAIT)
+    return env.get("EVALUATE_WAIT")
 
 
 class _Coordinator:

@@ -41,18 +41,20 @@ Nothing here imports Keras.
 from __future__ import annotations
 
 import atexit
-import os
 import re
 import sys
 import threading
 import time
 from contextlib import contextmanager
 
-TIMEOUT_ENV = "KERAS_MPFP16_STALL_TIMEOUT"
-ABORT_ENV = "KERAS_MPFP16_STALL_ABORT"
-HEARTBEAT_ENV = "KERAS_MPFP16_HEARTBEAT_TIMEOUT"
-DEFAULT_TIMEOUT = 60.0
-DEFAULT_HEARTBEAT = 30.0
+from keras_mpfp16.runtime import env
+
+# Registered (with their defaults) in runtime.env.
+TIMEOUT_ENV = env.setting("STALL_TIMEOUT").name
+ABORT_ENV = env.setting("STALL_ABORT").name
+HEARTBEAT_ENV = env.setting("HEARTBEAT_TIMEOUT").name
+DEFAULT_TIMEOUT = env.setting("STALL_TIMEOUT").default
+DEFAULT_HEARTBEAT = env.setting("HEARTBEAT_TIMEOUT").default
 _TAG = 7
 _REPORT_AFTER = 1.0  # seconds of waiting before a rank tells rank 0
 # A conflict (ranks in different collectives, or finished while others wait)
@@ -64,19 +66,6 @@ _POLL = 0.2
 # How long a finishing rank waits for its last reports to leave.
 _FLUSH_DEADLINE = 10.0
 _STEP_RE = re.compile(r"train step (-?\d+)")
-
-
-def _env_seconds(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a number of seconds.") from None
-    if value < 0:
-        raise ValueError(f"{name} must be >= 0 seconds; received {raw!r}.")
-    return value
 
 
 def train_step_of(name: str) -> int | None:
@@ -565,9 +554,9 @@ def start(comm) -> Inspector | None:
     # leave rank 0 waiting at exit for reports that never come.
     timeout, abort_after, heartbeat = comm.bcast(
         (
-            _env_seconds(TIMEOUT_ENV, DEFAULT_TIMEOUT),
-            _env_seconds(ABORT_ENV, 0.0),
-            _env_seconds(HEARTBEAT_ENV, DEFAULT_HEARTBEAT),
+            env.get("STALL_TIMEOUT"),
+            env.get("STALL_ABORT"),
+            env.get("HEARTBEAT_TIMEOUT"),
         ),
         root=0,
     )

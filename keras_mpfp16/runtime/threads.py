@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import os
 
+from keras_mpfp16.runtime import env
 from keras_mpfp16.runtime.world import launcher_local_size
 
-ENV_VAR = "KERAS_MPFP16_THREADS"
+ENV_VAR = "KERAS_MPFP16_THREADS"  # registered in runtime.env
 
 # With more than one core per rank, a second inter-op thread runs the gradient
 # allreduce while the first keeps executing the graph, so communication
@@ -84,9 +85,8 @@ def apply_thread_defaults() -> dict[str, str]:
     Returns:
         The variables that were set (empty when nothing was changed).
     """
-    override = os.environ.get(ENV_VAR)
-    if override is not None:
-        counts = parse_override(override)
+    if env.raw("THREADS") is not None:
+        counts = env.get("THREADS")
     else:
         local = launcher_local_size()
         if local is None or local <= 1:

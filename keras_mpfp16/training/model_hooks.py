@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import os
 import warnings
 
 import keras
@@ -36,10 +35,10 @@ from keras_mpfp16.callbacks.global_metrics import GlobalMetrics
 from keras_mpfp16.callbacks.rank_output import quiet_non_root_ranks
 from keras_mpfp16.internals import keras as keras_internals
 from keras_mpfp16.optimizer import DistributedOptimizer
-from keras_mpfp16.runtime import rendezvous
+from keras_mpfp16.runtime import env, rendezvous
 from keras_mpfp16.training import run
 
-AUTOTUNE_ENV = "KERAS_MPFP16_TFDATA_AUTOTUNE"
+AUTOTUNE_ENV = "KERAS_MPFP16_TFDATA_AUTOTUNE"  # registered in runtime.env
 _MARK = "_keras_mpfp16_hook"
 
 
@@ -49,7 +48,7 @@ def uses_distributed_optimizer(model) -> bool:
 
 
 def _input_pipelines():
-    if os.environ.get(AUTOTUNE_ENV, "").strip().lower() in ("1", "true", "yes", "on"):
+    if env.get("TFDATA_AUTOTUNE"):
         return contextlib.nullcontext()
     if keras.backend.backend() != "tensorflow":
         return contextlib.nullcontext()

@@ -1,0 +1,418 @@
+"""Every `KERAS_MPFP16_*` setting, in one registry.
+
+Each setting is registered once below with its type, default, meaning and
+when the package reads it. Its value comes from, in order:
+
+1. `keras_mpfp16.config.set(name, value)` in this process (for settings read
+   after import);
+2. the environment variable `KERAS_MPFP16_<NAME>`;
+3. the default.
+
+Readers call `get("NAME")`; nothing else in the package reads a
+`KERAS_MPFP16_*` variable. `docs/configuration.md` is generated from this
+registry (`python tools/configuration_doc.py`) and a test checks
+that it is current and that every such name in the package is registered.
+
+Adding a setting is one `register(...)` call:
+
+```python
+register("MY_SETTING", "bool", False, read="per call",
+         doc="What it does, in a sentence or two.")
+value = get("MY_SETTING")
+```
+
+Nothing here imports Keras (or MPI).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+PREFIX = "KERAS_MPFP16_"
+TYPES = ("bool", "float", "int", "str", "choice")
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
+
+_UNSET = object()
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One registered setting.
+
+    Attributes:
+        key: the name without the prefix, e.g. `"EVALUATE_WAIT"`.
+        type: one of `TYPES`.
+        default: the value when nothing sets it (`None` = "decide
+            automatically", explained in `doc`).
+        doc: what the setting does (Markdown, one paragraph).
+        read: when the package reads it, e.g. `"at import"`, `"at init()"`,
+            `"per call"`: a value set later has no effect until then.
+        choices: the allowed values of a `"choice"` setting.
+        minimum: the smallest allowed value of a number.
+        parse: for `"str"` settings, a function that validates the text and
+            returns the value (raising `ValueError` naming the setting).
+        python: whether `keras_mpfp16.config.set` may set it (False for
+            settings read at import, before any Python code could set them).
+        value_doc: how a value is written, for the reference table (defaults
+            to the type).
+    """
+
+    key: str
+    type: str
+    default: Any
+    doc: str
+    read: str
+    choices: tuple[str, ...] = ()
+    minimum: float | None = None
+    parse: Callable[[str], Any] | None = None
+    python: bool = True
+    value_doc: str = ""
+
+    @property
+    def name(self) -> str:
+        """The environment variable, e.g. `KERAS_MPFP16_EVALUATE_WAIT`."""
+        return PREFIX + self.key
+
+
+_registry: dict[str, Setting] = {}
+_overrides: dict[str, Any] = {}
+
+
+def register(
+    key: str,
+    type: str,
+    default: Any,
+    *,
+    doc: str,
+    read: str,
+    choices: tuple[str, ...] = (),
+    minimum: float | None = None,
+    parse: Callable[[str], Any] | None = None,
+    python: bool = True,
+    value_doc: str = "",
+) -> Setting:
+    """Registers a setting (see `Setting` for the arguments).
+
+    Returns:
+        The `Setting`. Registering the same key twice raises `ValueError`.
+    """
+    key = key.upper()
+    if key.startswith(PREFIX):
+        key = key[len(PREFIX) :]
+    if key in _registry:
+        raise ValueError(f"setting {PREFIX}{key} is registered twice.")
+    if type not in TYPES:
+        raise ValueError(
+            f"Invalid type for {PREFIX}{key}: {type!r}. Allowed: {', '.join(TYPES)}."
+        )
+    if type == "choice" and default not in choices:
+        raise ValueError(f"{PREFIX}{key}: default {default!r} not in {choices}.")
+    setting = Setting(
+        key, type, default, doc, read, tuple(choices), minimum, parse, python, value_doc
+    )
+    _registry[key] = setting
+    return setting
+
+
+def setting(name: str) -> Setting:
+    """The `Setting` called `name` (`"evaluate_wait"` or the full variable name)."""
+    key = str(name).upper()
+    if key.startswith(PREFIX):
+        key = key[len(PREFIX) :]
+    try:
+        return _registry[key]
+    except KeyError:
+        known = ", ".join(s.key.lower() for s in settings())
+        raise ValueError(
+            f"Unknown keras_mpfp16 setting {name!r}. Allowed: {known}."
+        ) from None
+
+
+def settings() -> tuple[Setting, ...]:
+    """Every registered setting, sorted by name."""
+    return tuple(sorted(_registry.values(), key=lambda s: s.key))
+
+
+def parse_bool(text: str, name: str) -> bool:
+    """`1/true/yes/on` -> True, `0/false/no/off` -> False (any case), else ValueError."""
+    word = text.strip().lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    raise ValueError(
+        f"{name}={text!r} is not understood; use 1 or 0 (also true/false, "
+        "yes/no, on/off), or unset it."
+    )
+
+
+def _parse(s: Setting, text: str) -> Any:
+    """The value of `text` for setting `s` (text is stripped and non-empty)."""
+    if s.type == "bool":
+        return parse_bool(text, s.name)
+    if s.type in ("float", "int"):
+        try:
+            value = float(text) if s.type == "float" else int(text)
+        except ValueError:
+            what = "a number of seconds" if s.type == "float" else "an integer"
+            raise ValueError(f"{s.name}={text!r} is not {what}.") from None
+        return _check_minimum(s, value, repr(text))
+    if s.type == "choice":
+        word = text.lower()
+        if word not in s.choices:
+            raise ValueError(
+                f"{s.name}={text!r} is not understood; allowed values are "
+                f"{', '.join(s.choices)}."
+            )
+        return word
+    return s.parse(text) if s.parse is not None else text
+
+
+def _check_minimum(s: Setting, value, shown: str):
+    if s.minimum is not None and value < s.minimum:
+        unit = " seconds" if s.type == "float" else ""
+        raise ValueError(f"{s.name} must be >= {s.minimum:g}{unit}; received {shown}.")
+    return value
+
+
+def raw(name: str) -> str | None:
+    """The environment variable's text, or None when unset or empty."""
+    text = os.environ.get(setting(name).name)
+    if text is None or text.strip() == "":
+        return None
+    return text.strip()
+
+
+def get(name: str) -> Any:
+    """The value of setting `name`: set in Python, else from the environment,
+    else the default. Raises `ValueError` naming the variable for a bad value."""
+    s = setting(name)
+    if s.key in _overrides:
+        return _overrides[s.key]
+    text = raw(s.key)
+    return s.default if text is None else _parse(s, text)
+
+
+def source(name: str) -> str:
+    """Where `get(name)`'s value comes from, for messages: `"NAME=value"`
+    (the environment), `"keras_mpfp16.config.set('name', value)"` or
+    `"default"`."""
+    s = setting(name)
+    if s.key in _overrides:
+        return f"{s.name}={_overrides[s.key]!r} (keras_mpfp16.config.set)"
+    text = raw(s.key)
+    return "default" if text is None else f"{s.name}={text}"
+
+
+def set(name: str, value: Any) -> None:
+    """Sets `name` in this process; it wins over the environment variable.
+
+    `value=None` removes the setting again (as `reset(name)`).
+    """
+    s = setting(name)
+    if value is None:
+        _overrides.pop(s.key, None)
+        return
+    if not s.python:
+        raise ValueError(
+            f"{s.name} is read {s.read}, before Python code can set it: set the "
+            "environment variable before the process starts."
+        )
+    _overrides[s.key] = _validate(s, value)
+
+
+def reset(name: str | None = None) -> None:
+    """Forgets what `set` set: for `name`, or for every setting."""
+    if name is None:
+        _overrides.clear()
+    else:
+        _overrides.pop(setting(name).key, None)
+
+
+def _validate(s: Setting, value: Any) -> Any:
+    if isinstance(value, str):
+        return _parse(s, value.strip())
+    if s.type == "bool":
+        if isinstance(value, bool):
+            return value
+    elif s.type in ("float", "int") and not isinstance(value, bool):
+        if isinstance(value, int | float):
+            if s.type == "int" and value != int(value):
+                raise ValueError(f"{s.name} must be an integer; received {value!r}.")
+            value = float(value) if s.type == "float" else int(value)
+            return _check_minimum(s, value, repr(value))
+    raise ValueError(
+        f"Invalid value for {s.name}: {value!r} ({type(value).__name__}). "
+        f"Expected {_EXPECTED.get(s.type, 'its text, as in the variable')}."
+    )
+
+
+_EXPECTED = {
+    "bool": "True or False",
+    "float": "a number (seconds)",
+    "int": "an integer",
+    "choice": "one of the allowed words",
+}
+
+
+# -- the registry -----------------------------------------------------------------
+
+
+def _threads(text: str) -> tuple[int, int] | None:
+    from keras_mpfp16.runtime.threads import parse_override
+
+    return parse_override(text)
+
+
+register(
+    "ABORT_ON_EXCEPTION",
+    "bool",
+    True,
+    read="at init()",
+    doc="An unhandled exception (or Ctrl-C, or a non-zero `sys.exit`) on one "
+    "rank ends the whole job with that rank's traceback (`MPI_Abort`). `0` "
+    "keeps Python's default behaviour, e.g. under a debugger. "
+    "See [Reliability](reliability.md).",
+)
+register(
+    "ALL_RANKS_OUTPUT",
+    "bool",
+    False,
+    read="at import, and at each distributed `fit`/`evaluate`",
+    doc="`1` keeps Keras's console output (progress bars, `fit` lines, "
+    "`summary()`) on every rank; by default ranks other than 0 are silent. "
+    "Set from Python it applies from the next `fit`/`evaluate` on, so "
+    "output before that (e.g. `summary()`) follows the environment variable.",
+)
+register(
+    "CUDA_AWARE",
+    "bool",
+    None,
+    read="once, at the first gradient reduction",
+    value_doc="`1` / `0` / unset",
+    doc="Whether MPI takes GPU buffers. Unset: asked of the MPI library "
+    "(`keras_mpfp16.cuda_aware()`). `1` hands tensors to MPI where they live "
+    "(through DLPack; on a CPU-only machine this exercises the same path on "
+    "host memory); `0` stages gradients through host memory.",
+)
+register(
+    "EVALUATE_WAIT",
+    "float",
+    5.0,
+    minimum=0.0,
+    read="at init()",
+    value_doc="seconds",
+    doc="How long rank 0 waits for every rank to call `evaluate` before the "
+    "ranks that called it evaluate alone (their own data, no collective). "
+    "Rank 0's value is used on every rank.",
+)
+register(
+    "HEARTBEAT_TIMEOUT",
+    "float",
+    30.0,
+    minimum=0.0,
+    read="at init()",
+    value_doc="seconds",
+    doc="Seconds of silence after which the stall inspector declares a rank "
+    "lost (its node, process or link died) and ends the job. `0` turns the "
+    "heartbeats off. Rank 0's value is used on every rank.",
+)
+register(
+    "SPARSE_GRADIENTS",
+    "choice",
+    "auto",
+    choices=("auto", "dense", "sparse"),
+    read="when the train step is traced",
+    doc="How `IndexedSlices` gradients (embeddings) are reduced: `auto` "
+    "gathers rows when that moves fewer bytes than a dense allreduce, "
+    "`dense` always densifies, `sparse` always gathers. The optimizer's "
+    "`sparse=` argument wins over this.",
+)
+register(
+    "STALL_ABORT",
+    "float",
+    0.0,
+    minimum=0.0,
+    read="at init()",
+    value_doc="seconds",
+    doc="End a job whose ranks have waited in a collective this long (`0`: "
+    "never end a mere stall, only warn). Rank 0's value is used on every rank.",
+)
+register(
+    "STALL_TIMEOUT",
+    "float",
+    60.0,
+    minimum=0.0,
+    read="at init()",
+    value_doc="seconds",
+    doc="Seconds a collective may wait before the stall inspector prints which "
+    "ranks wait where. `0` turns the inspector and the heartbeats off. The "
+    "inspector needs `MPI_THREAD_MULTIPLE`. Rank 0's value is used on every "
+    "rank; `keras_mpfp16.runtime.stall.configure` changes it later.",
+)
+register(
+    "TFDATA_AUTOTUNE",
+    "bool",
+    False,
+    read="per `fit`/`evaluate` call",
+    doc="`1` keeps Keras's tf.data pipelines for array inputs autotuned. By "
+    "default autotuning is off inside the distributed `fit`/`evaluate`: it "
+    "stalled for up to 60 s each time an epoch's iterator was destroyed.",
+)
+register(
+    "THREADS",
+    "str",
+    None,
+    parse=_threads,
+    python=False,
+    read="at import",
+    value_doc="`off` or `INTRA,INTER`",
+    doc="Per-rank thread pools for ranks that share a node. Unset: each rank "
+    "gets its share of the cores (`TF_NUM_INTRAOP_THREADS`, "
+    "`TF_NUM_INTEROP_THREADS`, `OMP_NUM_THREADS`, never overwriting ones you "
+    "set). `off` leaves the backend's defaults; `4,2` chooses.",
+)
+
+
+# -- the reference page -----------------------------------------------------------
+
+
+def _shown_default(s: Setting) -> str:
+    if s.default is None:
+        return "automatic"
+    if s.type == "bool":
+        return "`1`" if s.default else "`0`"
+    if s.type == "float":
+        return f"`{s.default:g}`"
+    return f"`{s.default}`"
+
+
+def _shown_type(s: Setting) -> str:
+    if s.value_doc:
+        return s.value_doc
+    if s.type == "bool":
+        return "`1` / `0`"
+    if s.type == "choice":
+        return " / ".join(f"`{c}`" for c in s.choices)
+    return s.type
+
+
+def markdown() -> str:
+    """The table of `docs/configuration.md` (between its markers)."""
+    lines = [
+        "| Variable | Value | Default | Read | From Python |",
+        "|---|---|---|---|---|",
+    ]
+    for s in settings():
+        py = f'`kmp.config.set("{s.key.lower()}", ...)`' if s.python else "no"
+        lines.append(
+            f"| `{s.name}` | {_shown_type(s)} | {_shown_default(s)} | {s.read} | {py} |"
+        )
+    lines.append("")
+    for s in settings():
+        lines += [f"### `{s.name}`", "", s.doc, ""]
+    return "\n".join(lines).rstrip() + "\n"
