@@ -1,6 +1,6 @@
 """Across emulated nodes (network namespaces, rate-limited links).
 
-A smoke test of the harness (keras_mpfp16.benchmark.cluster) and a network
+A smoke test of the harness (examples/benchmarks/cluster.py) and a network
 partition in the middle of training. Skipped where namespaces cannot be made
 (not root, no `ip netns`, not Linux); CI runs as root.
 """
@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 from mpi_launch import SCRIPTS, MPIResult, mpi_env
 
-from keras_mpfp16.benchmark.cluster import Cluster, available, rate_bits
+# The harness is a benchmark tool in examples/, not part of the package.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "benchmarks"))
+from cluster import Cluster, available, rate_bits  # noqa: E402
 
 OK, WHY = available()
 pytestmark = [

@@ -34,9 +34,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1] / "tests"))
 
+from cluster import Cluster  # noqa: E402  (examples/benchmarks/cluster.py)
 from mpi_launch import mpi_env  # noqa: E402
-
-from keras_mpfp16.benchmark.cluster import Cluster  # noqa: E402
 
 WORKER = HERE / "cluster_worker.py"
 PROBE = HERE / "cluster_linkprobe.py"

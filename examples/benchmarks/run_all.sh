@@ -33,7 +33,7 @@ python examples/benchmarks/fault_exit_times.py --repeat 3 --out "$OUT/fault_exit
 mpirun -np 2 --bind-to core python examples/benchmarks/state_sync.py --rounds 7 --out "$OUT/state_sync.json"
 python examples/benchmarks/imdb_job.py --rounds 3 --out "$OUT/imdb_job.json"
 # The emulated multi-node cluster needs root and Linux network namespaces.
-if [ "$(id -u)" = 0 ] && python -c "import sys; from keras_mpfp16.benchmark.cluster import available; sys.exit(not available()[0])"; then
+if [ "$(id -u)" = 0 ] && python examples/benchmarks/cluster.py check >/dev/null; then
   python examples/benchmarks/cluster_bench.py --suite link --out "$OUT/cluster_link.json"
   python examples/benchmarks/cluster_bench.py --suite main --rounds 5 --out "$OUT/cluster_main.json"
   python examples/benchmarks/cluster_bench.py --suite overlap --rounds 5 --out "$OUT/cluster_overlap.json"

@@ -41,16 +41,33 @@ def _parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("what", choices=["allreduce", "train", "overhead"])
-    p.add_argument("--out", help="write JSON results here (rank 0)")
-    p.add_argument("--rounds", type=int, default=None)
-    p.add_argument("--sizes", help="allreduce: comma-separated byte sizes")
-    p.add_argument(
-        "--no-graph", action="store_true", help="allreduce: skip the tf.function path"
-    )
-    p.add_argument("--plain", action="store_true", help="train: bare Keras optimizer")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--out", help="write JSON results here (rank 0)")
+    common.add_argument("--rounds", type=int, default=None)
+    model = argparse.ArgumentParser(add_help=False)
     for key, val in DEFAULTS.items():
-        p.add_argument(f"--{key.replace('_', '-')}", type=type(val), default=val)
+        model.add_argument(f"--{key.replace('_', '-')}", type=type(val), default=val)
+    sub = p.add_subparsers(
+        dest="what", required=True, metavar="{allreduce,train,overhead}"
+    )
+    ar = sub.add_parser(
+        "allreduce",
+        parents=[common],
+        help="bandwidth vs message size, every wire dtype, next to raw mpi4py",
+    )
+    ar.add_argument("--sizes", help="comma-separated byte sizes")
+    ar.add_argument("--no-graph", action="store_true", help="skip the tf.function path")
+    tr = sub.add_parser(
+        "train",
+        parents=[common, model],
+        help="samples/s of a stacked-LSTM model at the launched world size",
+    )
+    tr.add_argument("--plain", action="store_true", help="bare Keras optimizer")
+    sub.add_parser(
+        "overhead",
+        parents=[common, model],
+        help="one process: DistributedOptimizer vs the bare optimizer",
+    )
     return p
 
 
@@ -67,7 +84,16 @@ def main(argv=None) -> int:
     from keras_mpfp16 import runtime
 
     runtime.init()
-    cfg = {k: getattr(args, k) for k in DEFAULTS}
+    if args.what == "overhead" and runtime.size() > 1:
+        # A one-process measurement: say so once, not once per rank.
+        if runtime.is_root():
+            print(
+                "overhead measures one process (DistributedOptimizer vs the bare "
+                f"optimizer); run it without mpirun (launched: {runtime.size()} ranks).",
+                file=sys.stderr,
+            )
+        return 2
+    cfg = {k: getattr(args, k, v) for k, v in DEFAULTS.items()}
     meta = {
         "when": time.strftime("%Y-%m-%d %H:%M:%S"),
         "host": platform.node(),
@@ -125,16 +151,17 @@ def main(argv=None) -> int:
             "config": cfg,
             **train.one_process_overhead(cfg, rounds=args.rounds or 7),
         }
-        print(
-            f"one process, {cfg['policy']}: DistributedOptimizer / plain throughput = "
-            f"{result['ratio_ours_over_plain']:.3f} (median of per-round ratios)\n"
-            "  plain: "
-            + ", ".join(f"{s:.0f}" for s in result["plain_samples_per_s"])
-            + " samples/s\n"
-            "  ours:  "
-            + ", ".join(f"{s:.0f}" for s in result["ours_samples_per_s"])
-            + " samples/s"
-        )
+        if runtime.is_root():  # under mpirun, every rank measures; one prints
+            print(
+                f"one process, {cfg['policy']}: DistributedOptimizer / plain throughput = "
+                f"{result['ratio_ours_over_plain']:.3f} (median of per-round ratios)\n"
+                "  plain: "
+                + ", ".join(f"{s:.0f}" for s in result["plain_samples_per_s"])
+                + " samples/s\n"
+                "  ours:  "
+                + ", ".join(f"{s:.0f}" for s in result["ours_samples_per_s"])
+                + " samples/s"
+            )
     if args.out and runtime.is_root():
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
@@ -142,4 +169,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    # Looked up after main() ran init(), so the job sees the status (a
+    # `sys.exit(main())` would bind sys.exit before init wraps it).
+    status = main()
+    sys.exit(status)

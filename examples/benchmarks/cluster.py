@@ -11,22 +11,26 @@ bridge's private subnet is used.
 Root is needed (`ip netns`, `tc`). `netem` (added latency) is often missing
 from minimal kernels, so links have bandwidth limits but no added latency.
 
-Command line (as root):
+A benchmark and test harness, not part of the installed package (it creates
+network namespaces and edits /etc/hosts). Only the standard library is used.
+
+Command line (in a root shell with the venv active; see docs/launching.md for
+the same under `sudo`):
 
 ```bash
-python -m keras_mpfp16.benchmark.cluster up 3 1gbit   # 3 nodes at 1 Gbit/s
+python examples/benchmarks/cluster.py up 3 1gbit   # 3 nodes at 1 Gbit/s
 mpirun -np 3 --host kmpnode1:1,kmpnode2:1,kmpnode3:1 \
-    $(python -m keras_mpfp16.benchmark.cluster flags) python train.py
-python -m keras_mpfp16.benchmark.cluster rate 10gbit      # change every link
-python -m keras_mpfp16.benchmark.cluster link 2 down      # cut node 2 off
-python -m keras_mpfp16.benchmark.cluster link 2 up
-python -m keras_mpfp16.benchmark.cluster down             # remove everything
+    $(python examples/benchmarks/cluster.py flags) python train.py
+python examples/benchmarks/cluster.py rate 10gbit      # change every link
+python examples/benchmarks/cluster.py link 2 down      # cut node 2 off
+python examples/benchmarks/cluster.py link 2 up
+python examples/benchmarks/cluster.py down             # remove everything
 ```
 
-Python (tests and benchmark scripts):
+Python (tests and benchmark scripts, with examples/benchmarks on `sys.path`):
 
 ```python
-from keras_mpfp16.benchmark.cluster import Cluster
+from cluster import Cluster
 
 with Cluster(nodes=2, rate="1gbit") as c:
     cmd = c.mpirun_command(["python", "bench.py"])
@@ -319,7 +323,7 @@ class Cluster:
             for k in range(1, self.nodes + 1)
         )
         script = f"""#!/bin/sh
-# ssh stand-in written by keras_mpfp16.benchmark.cluster: mpirun calls it as
+# ssh stand-in written by examples/benchmarks/cluster.py: mpirun calls it as
 # "agent HOST command..."; it runs the command in HOST's network namespace,
 # with HOST as hostname, pinned to HOST's core.
 host=$1; shift
@@ -454,7 +458,7 @@ exec taskset -c "$core" ip netns exec "$host" unshare --uts sh -c "hostname $hos
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m keras_mpfp16.benchmark.cluster",
+        prog="python examples/benchmarks/cluster.py",
         description="An emulated multi-node cluster on one Linux machine (root).",
     )
     p.add_argument("--prefix", default=DEFAULT_PREFIX)
