@@ -11,12 +11,15 @@ Keras. Run it with or without MPI:
     python examples/imdb_lstm.py --policy mixed_float16   # mixed precision
     python examples/imdb_lstm.py --data imdb.npz          # a local copy
     python examples/imdb_lstm.py --data synthetic         # no download
+    python examples/imdb_lstm.py --data ../shared/data/imdb   # a load.py drop-in
 
 Data: `keras.datasets.imdb` (downloaded on first use), or with `--data` a
 local `.npz` in the layout of Keras's `imdb.npz`: `x_train`, `y_train`,
 `x_test`, `y_test`, the x arrays object arrays of word-index lists (1 = the
 most frequent word). It is read exactly as `keras.datasets.imdb.load_data`
-reads its own file. `--data synthetic` uses `examples/imdb_synthetic.py`, a
+reads its own file. `--data DIR` takes a folder holding a `load.py` whose
+`load_data(num_words=...)` is a drop-in for Keras's (the project's offline
+copy of the real reviews has one). `--data synthetic` uses `examples/imdb_synthetic.py`, a
 same-shape stand-in with a learnable sentiment signal (25,000 + 25,000
 reviews). Prints the validation accuracy after the last epoch (rank 0).
 """
@@ -69,6 +72,33 @@ def load_imdb_npz(path, num_words, seed=113, start_char=1, oov_char=2, index_fro
     return (encode(x_train), y_train), (encode(x_test), y_test)
 
 
+def load_imdb_dir(path, num_words):
+    """`load_data(num_words=...)` of the `load.py` in folder `path`."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "imdb_dir_load", os.path.join(path, "load.py")
+    )
+    if spec is None or not os.path.exists(spec.origin):
+        raise FileNotFoundError(f"--data {path!r}: no load.py in that folder")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.load_data(num_words=num_words)
+
+
+def load(data, num_words, sentiment_rate=0.05):
+    """The (train, validation) pairs for `--data` (see the module docstring)."""
+    if data == "synthetic":
+        return imdb_synthetic.load_data(
+            num_words=num_words, sentiment_rate=sentiment_rate
+        )
+    if data and os.path.isdir(data):
+        return load_imdb_dir(data, num_words)
+    if data:
+        return load_imdb_npz(data, num_words)
+    return keras.datasets.imdb.load_data(num_words=num_words)
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
@@ -77,7 +107,8 @@ def parse_args(argv=None):
     p.add_argument(
         "--data",
         metavar="PATH",
-        help="local imdb.npz, or 'synthetic' (default: download)",
+        help="local imdb.npz, a folder with a load.py, or 'synthetic' "
+        "(default: download)",
     )
     p.add_argument(
         "--sentiment-rate",
@@ -122,16 +153,9 @@ def main(argv=None):
     args = parse_args(argv)
     keras.config.set_dtype_policy(args.policy)
     keras.utils.set_random_seed(args.seed)
-    if args.data == "synthetic":
-        (x_train, y_train), (x_val, y_val) = imdb_synthetic.load_data(
-            num_words=args.max_features, sentiment_rate=args.sentiment_rate
-        )
-    elif args.data:
-        (x_train, y_train), (x_val, y_val) = load_imdb_npz(args.data, args.max_features)
-    else:
-        (x_train, y_train), (x_val, y_val) = keras.datasets.imdb.load_data(
-            num_words=args.max_features
-        )
+    (x_train, y_train), (x_val, y_val) = load(
+        args.data, args.max_features, args.sentiment_rate
+    )
     x_train = keras.utils.pad_sequences(x_train, maxlen=args.maxlen)
     x_val = keras.utils.pad_sequences(x_val, maxlen=args.maxlen)
     x_train, y_train = kmp.shard(x_train, y_train)  # kmp

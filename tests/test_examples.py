@@ -164,6 +164,24 @@ def test_imdb_lstm_on_a_local_file(tmp_path):
     assert 0.0 <= metric(out, "validation accuracy") <= 1.0
 
 
+def test_imdb_lstm_on_a_folder_with_load_py(tmp_path):
+    # The layout of ../shared/data/imdb: a load.py whose load_data(num_words=...)
+    # is a drop-in for keras.datasets.imdb.load_data.
+    write_tiny_imdb(tmp_path / "tiny.npz", reviews=80)
+    (tmp_path / "load.py").write_text(
+        "import os, numpy as np\n"
+        "def load_data(num_words=None, **_):\n"
+        "    f = np.load(os.path.join(os.path.dirname(__file__), 'tiny.npz'),\n"
+        "                allow_pickle=True)\n"
+        "    return (f['x_train'], f['y_train']), (f['x_test'], f['y_test'])\n"
+    )
+    out = run_python(
+        "imdb_lstm.py", "--data", tmp_path, "--max-features", 64, "--maxlen", 24,
+        "--embedding", 8, "--units", 4, "--epochs", 1, "--batch-size", 16,
+    )  # fmt: skip
+    assert "(80 reviews, 1 ranks, policy float32)" in out
+
+
 # -- the convergence scripts ------------------------------------------------------
 
 

@@ -16,6 +16,14 @@ ratios are medians of per-round ratios):
            rank, and two with Open MPI yielding while it waits
   sparse   IMDB-shaped model, 1 Gbit/s, 2 and 4 nodes: Embedding gradients
            densified vs gathered as rows
+  horovod  ours vs Horovod 0.28.1 (--horovod-venv, horovod_setup.sh), 2 nodes,
+           both rates: the dense model (float32 wire vs no compression, 16-bit
+           wire vs Compression.fp16) and the IMDB-shaped model (gathered rows
+           vs Horovod's default sparse path, densified vs sparse_as_dense).
+           Each side is its own mpirun job (one venv can't hold both Keras
+           versions), so the interleaving is by job: ours, Horovod, ours, ...
+           one round each, --rounds pairs; ratios are medians of per-pair
+           ratios of seconds per step
 
 Node K is pinned to core (K-1) % cores; with 3 or 4 nodes on a 2-core machine
 two nodes share a core, so compute-bound figures at N > cores are
@@ -38,6 +46,12 @@ from cluster import Cluster  # noqa: E402  (examples/benchmarks/cluster.py)
 from mpi_launch import mpi_env  # noqa: E402
 
 WORKER = HERE / "cluster_worker.py"
+HVD_WORKER = HERE / "horovod_worker.py"
+# Horovod's configuration that each of ours is compared with.
+HVD_PAIRS = {
+    "dense": {"f32": "none", "f16": "fp16"},
+    "imdb": {"sparse": "sparse", "dense": "dense"},
+}
 PROBE = HERE / "cluster_linkprobe.py"
 MAIN_CONFIGS = {
     "facts": "compute,f32,f16,bf16,comm_f32,comm_f16,comm_bf16",
@@ -59,11 +73,11 @@ RING = [
 ]
 
 
-def run_job(cluster, nodes, argv, env=None, timeout=3600, extra=()):
+def run_job(cluster, nodes, argv, env=None, timeout=3600, extra=(), python=None):
     tmp = Path(f"/tmp/kmp_cluster_job_{os.getpid()}.json")
     tmp.unlink(missing_ok=True)
     cmd = cluster.mpirun_command(
-        [sys.executable, *map(str, argv), "--out", str(tmp)],
+        [python or sys.executable, *map(str, argv), "--out", str(tmp)],
         nodes=nodes,
         extra=list(extra),
     )
@@ -117,18 +131,75 @@ def summarize(job):
     return s
 
 
+def horovod_rows(cluster, n, rate, rounds, horovod_python):
+    """Ours vs Horovod on one node count and rate: jobs interleaved by pair."""
+    rows = []
+    for model, pairs in HVD_PAIRS.items():
+        ours = {c: [] for c in pairs}
+        hvd = {c: [] for c in pairs.values()}
+        for r in range(rounds):
+            label = f"{model} {n} nodes {rate} pair {r + 1}"
+            print(f"== {label}", flush=True)
+            common = ["--model", model, "--rounds", "1", "--label", label]
+            job = run_job(
+                cluster, n, [WORKER, *common, "--configs", ",".join(pairs)], extra=RING
+            )
+            for c in pairs:
+                ours[c] += job["seconds_per_step"][c]
+            job = run_job(
+                cluster,
+                n,
+                [HVD_WORKER, *common, "--configs", ",".join(pairs.values())],
+                extra=RING,
+                python=horovod_python,
+            )
+            for c in pairs.values():
+                hvd[c] += job["seconds_per_step"][c]
+        speedups = {
+            f"ours {c} / horovod {h}": statistics.median(
+                b / a for a, b in zip(ours[c], hvd[h])
+            )
+            for c, h in pairs.items()
+        }
+        print(json.dumps(speedups, indent=1), flush=True)
+        rows.append(
+            {
+                "name": f"horovod_{model}",
+                "model": model,
+                "nodes": n,
+                "rate": rate,
+                "allreduce_algorithm": "ring",
+                "seconds_per_step": {"ours": ours, "horovod": hvd},
+                "speedup_ours_over_horovod": speedups,
+            }
+        )
+    return rows
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument(
-        "--suite", required=True, choices=["link", "main", "overlap", "sparse"]
+        "--suite",
+        required=True,
+        choices=["link", "main", "overlap", "sparse", "horovod"],
     )
+    p.add_argument("--horovod-venv", default=".venv-horovod")
     p.add_argument("--nodes", default=None, help="comma-separated node counts")
     p.add_argument("--rates", default="10gbit,1gbit")
     p.add_argument("--models", default="facts,dense")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--out", required=True)
     args = p.parse_args()
-    default_nodes = {"link": "2,3,4", "main": "2,3,4", "overlap": "2", "sparse": "2,4"}
+    default_nodes = {
+        "link": "2,3,4",
+        "main": "2,3,4",
+        "overlap": "2",
+        "sparse": "2,4",
+        "horovod": "2",
+    }
+    horovod_python = str(Path(args.horovod_venv).resolve() / "bin" / "python")
+    if args.suite == "horovod" and not Path(horovod_python).exists():
+        sys.exit(f"--horovod-venv {args.horovod_venv!r}: run horovod_setup.sh first")
     nodes = [int(k) for k in (args.nodes or default_nodes[args.suite]).split(",")]
     rates = args.rates.split(",") if args.suite != "sparse" else ["1gbit"]
     cluster = Cluster(max(nodes), rates[0])
@@ -158,6 +229,12 @@ def main():
             cluster.set_rate(rate)
             for n in nodes:
                 jobs = []
+                if args.suite == "horovod":
+                    results["jobs"] += horovod_rows(
+                        cluster, n, rate, args.rounds, horovod_python
+                    )
+                    save()
+                    continue
                 if args.suite == "link":
                     jobs.append(({}, [PROBE], "default"))
                     jobs.append(({}, [PROBE], "ring"))

@@ -42,6 +42,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from cluster_models import DEFAULT_STEPS, MODELS, build, data  # noqa: E402
 
 import keras_mpfp16 as kmp  # noqa: E402
 from keras_mpfp16 import runtime  # noqa: E402
@@ -51,51 +52,6 @@ from keras_mpfp16.runtime import stall  # noqa: E402
 SPARSE_ENV = "KERAS_MPFP16_SPARSE_GRADIENTS"
 WIRES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}
 BUCKET_MB = 25.0
-
-
-def build(model: str):
-    keras.utils.set_random_seed(0)
-    if model == "facts":
-        m = keras.Sequential(
-            [
-                keras.Input((128, 16)),
-                keras.layers.LSTM(128, return_sequences=True),
-                keras.layers.LSTM(128),
-                keras.layers.Dense(1, activation="sigmoid", dtype="float32"),
-            ]
-        )
-        return m, keras.optimizers.Adam(1e-3), 64
-    if model == "dense":
-        m = keras.Sequential(
-            [
-                keras.Input((2048,)),
-                keras.layers.Dense(4096, activation="relu"),
-                keras.layers.Dense(4096, activation="relu"),
-                keras.layers.Dense(1, activation="sigmoid", dtype="float32"),
-            ]
-        )
-        return m, keras.optimizers.SGD(0.01), 32
-    if model == "imdb":
-        m = keras.Sequential(
-            [
-                keras.Input((200,), dtype="int32"),
-                keras.layers.Embedding(20000, 128),
-                keras.layers.LSTM(32),
-                keras.layers.Dense(1, activation="sigmoid", dtype="float32"),
-            ]
-        )
-        return m, keras.optimizers.Adam(1e-3), 32
-    raise ValueError(f"unknown model {model!r}; allowed: facts, dense, imdb")
-
-
-def data(model: str, samples: int, seed: int):
-    rng = np.random.default_rng(seed)
-    y = (rng.random((samples, 1)) > 0.5).astype("float32")
-    if model == "facts":
-        return rng.normal(size=(samples, 128, 16)).astype("float32"), y
-    if model == "dense":
-        return rng.normal(size=(samples, 2048)).astype("float32"), y
-    return rng.integers(0, 20000, size=(samples, 200)).astype("int32"), y
 
 
 class Timer(keras.callbacks.Callback):
@@ -116,7 +72,7 @@ class Training:
 
     def __init__(self, model, config, x, y, steps):
         self.x, self.y, self.steps = x, y, steps
-        net, opt, self.batch = build(model)
+        net, opt, self.batch = build(keras, model)
         self.sparse = None
         if config != "compute":
             wire, bucket = "float32", BUCKET_MB
@@ -173,7 +129,7 @@ class CommOnly:
     """The reduction path alone on the model's gradient shapes."""
 
     def __init__(self, model, config, calls):
-        net, _, batch = build(model)
+        net, _, batch = build(keras, model)
         self.calls = calls
         base = config.removeprefix("comm_")
         wire = WIRES.get(base, "float32")
@@ -228,7 +184,7 @@ class CommOnly:
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--model", required=True, choices=["facts", "dense", "imdb"])
+    p.add_argument("--model", required=True, choices=MODELS)
     p.add_argument("--configs", required=True)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=None, help="timed steps per fit")
@@ -236,9 +192,9 @@ def main():
     p.add_argument("--out")
     args = p.parse_args()
     configs = args.configs.split(",")
-    steps = args.steps or {"facts": 16, "dense": 6, "imdb": 12}[args.model]
+    steps = args.steps or DEFAULT_STEPS[args.model]
     rank, n = runtime.rank(), runtime.size()
-    _, _, batch = build(args.model)
+    _, _, batch = build(keras, args.model)
     x, y = data(args.model, batch * (steps + 1), seed=rank)
     runners = {}
     for c in configs:

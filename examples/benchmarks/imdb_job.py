@@ -12,8 +12,13 @@ from start to exit (TensorFlow import, data, model, one epoch with the
            one process, keras_mpfp16's defaults (only the tf.data
            teardown workaround applies at size 1)
   kmp_np2  the same script under `mpirun -np 2 --bind-to core`
+  hvd_np2  examples/benchmarks/imdb_horovod.py: keras.io's script with
+           Horovod's documented adoption, Horovod 0.28.1 on TF 2.15's Keras 2
+           (--horovod-venv, made by horovod_setup.sh), same mpirun flags;
+           only with --configs naming it
 
-All on the synthetic stand-in (examples/imdb_synthetic.py: 25,000 train /
+`--data DIR` runs every config on a folder with a `load.py` (the real
+reviews: ../shared/data/imdb); the default is the synthetic stand-in (examples/imdb_synthetic.py: 25,000 train /
 25,000 validation reviews, 200 tokens, vocabulary 20,000), batch 32 per
 rank, float32. Printed and saved: every raw figure, each run's phases
 (training, validation, the gaps around them, fit's teardown) and the median
@@ -38,23 +43,20 @@ sys.path.insert(0, str(HERE))
 from interleave import run_rounds  # noqa: E402
 from mpi_launch import mpi_env, mpirun_path  # noqa: E402
 
-SCRIPT = [
-    str(ROOT / "examples" / "imdb_lstm.py"),
-    "--data",
-    "synthetic",
-    "--epochs",
-    "1",
-    "--report-json",
-]
 
-
-def command(name: str) -> list[str]:
+def command(name: str, data: str = "synthetic", horovod_venv: str = "") -> list[str]:
+    script = [str(ROOT / "examples" / "imdb_lstm.py"), "--data", data]
+    script += ["--epochs", "1", "--report-json"]
     if name == "single":
-        return [sys.executable, str(HERE / "imdb_plain.py")]
+        return [sys.executable, str(HERE / "imdb_plain.py"), data]
     if name == "kmp_np1":
-        return [sys.executable, *SCRIPT]
+        return [sys.executable, *script]
     if name == "kmp_np2":
-        return [mpirun_path(), "-np", "2", "--bind-to", "core", sys.executable, *SCRIPT]
+        return [mpirun_path(), "-np", "2", "--bind-to", "core", sys.executable, *script]
+    if name == "hvd_np2":
+        venv = Path(horovod_venv).resolve() / "bin"
+        hvd = [str(venv / "python"), str(HERE / "imdb_horovod.py"), "--data", data]
+        return [str(venv / "mpirun"), "-np", "2", "--bind-to", "core", *hvd]
     raise ValueError(name)
 
 
@@ -63,6 +65,10 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--out", help="write the results as JSON here")
     p.add_argument("--configs", default="single,kmp_np1,kmp_np2")
+    p.add_argument(
+        "--data", default="synthetic", help="'synthetic' or a load.py folder"
+    )
+    p.add_argument("--horovod-venv", default=".venv-horovod")
     args = p.parse_args(argv)
     names = args.configs.split(",")
     phases: dict[str, list[dict]] = {n: [] for n in names}
@@ -70,7 +76,7 @@ def main(argv=None):
     def measure(name: str) -> float:
         t0 = time.perf_counter()
         out = subprocess.run(
-            command(name),
+            command(name, args.data, args.horovod_venv),
             capture_output=True,
             text=True,
             env=mpi_env(),
@@ -110,6 +116,7 @@ def main(argv=None):
         "host": socket.gethostname(),
         "date": time.strftime("%Y-%m-%d"),
         "rounds": args.rounds,
+        "data": args.data,
         "wall_s": raw,
         "runs": phases,
         "ratios": {

@@ -4,6 +4,9 @@
     --impl ours   keras_mpfp16.DistributedOptimizer (under mpirun, any size)
     --impl mwms   legacy tf_keras + tf.distribute.MultiWorkerMirroredStrategy;
                   TF_CONFIG comes from the environment (peers.py sets it)
+    --impl horovod  Horovod 0.28.1 (horovod.tensorflow.keras) on TF 2.15's
+                  Keras 2, under mpirun, in its own venv (horovod_setup.sh);
+                  --wire float16 selects hvd.Compression.fp16
 
 The model is the benchmark model of docs/measurement-conditions.md:
 Input(128, 16) -> LSTM(128, return_sequences) -> LSTM(128) ->
@@ -72,7 +75,7 @@ def run_keras3(args, distributed):
     model = build(keras, keras.config.set_dtype_policy, args.policy)
     opt = keras.optimizers.Adam(1e-3)
     if distributed:
-        opt = kmp.DistributedOptimizer(opt)
+        opt = kmp.DistributedOptimizer(opt, wire_dtype=args.wire)
     model.compile(optimizer=opt, loss="binary_crossentropy", jit_compile=False)
     steps = args.warmup + args.steps
     x, y = data(steps * args.batch, seed=rank)
@@ -116,9 +119,47 @@ def run_mwms(args):
     return rank, size, seconds_per_step(timer.stamps, args.warmup)
 
 
+def run_horovod(args):
+    # Horovod's documented Keras adoption: init, scale nothing (the per-rank
+    # batch is fixed like ours), wrap the optimizer, broadcast rank 0's
+    # variables with its callback. TF 2.15's tf.keras is Keras 2.
+    import horovod.tensorflow.keras as hvd
+    import tensorflow as tf
+
+    keras = tf.keras
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    model = build(keras, keras.mixed_precision.set_global_policy, args.policy)
+    compression = hvd.Compression.fp16 if args.wire == "float16" else None
+    opt = hvd.DistributedOptimizer(
+        keras.optimizers.Adam(1e-3),
+        compression=compression or hvd.Compression.none,
+    )
+    model.compile(optimizer=opt, loss="binary_crossentropy")
+    steps = args.warmup + args.steps
+    x, y = data(steps * args.batch, seed=rank)
+    timer = timer_callback(keras)
+    model.fit(
+        x,
+        y,
+        batch_size=args.batch,
+        epochs=1,
+        shuffle=False,
+        verbose=0,
+        callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), timer],
+    )
+    local = seconds_per_step(timer.stamps, args.warmup)
+    # The slowest rank's step time, as for ours (Keras-level API has no Max).
+    local = float(np.max(hvd.allgather(np.array([local], np.float64))))
+    return rank, size, local
+
+
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--impl", choices=["keras", "ours", "mwms"], required=True)
+    p.add_argument(
+        "--impl", choices=["keras", "ours", "mwms", "horovod"], required=True
+    )
+    p.add_argument("--wire", choices=["float32", "float16"], default="float32")
     p.add_argument("--policy", default="float32")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--steps", type=int, default=30)
@@ -126,6 +167,8 @@ def main():
     args = p.parse_args()
     if args.impl == "mwms":
         rank, size, sps = run_mwms(args)
+    elif args.impl == "horovod":
+        rank, size, sps = run_horovod(args)
     else:
         rank, size, sps = run_keras3(args, distributed=args.impl == "ours")
     if rank == 0:
@@ -134,6 +177,7 @@ def main():
                 {
                     "impl": args.impl,
                     "policy": args.policy,
+                    "wire": args.wire,
                     "size": size,
                     "seconds_per_step": sps,
                     "samples_per_s": size * args.batch / sps,
