@@ -209,13 +209,15 @@ def _by(events, pid, cat):
 @pytest.mark.mpi
 @pytest.mark.parametrize("np_", [2, 3])
 def test_timeline_of_a_real_fit(np_, tmp_path):
-    style = "epoch" if np_ == 2 else "table"
+    # np=3 also covers the 16-bit wire (Alltoall + Allgather in a py_function)
+    style, wire = ("epoch", "float32") if np_ == 2 else ("table", "float16")
     result = run_mpi(
         np_,
         "timeline_fit.py",
         str(tmp_path),
         "ok",
         style,
+        wire,
         timeout=420,
         env={"KERAS_MPFP16_STALL_TIMEOUT": "1"},
     )
@@ -247,14 +249,21 @@ def test_timeline_of_a_real_fit(np_, tmp_path):
         assert len(buckets) == 10 * len(plan)
         for e in buckets:
             a = e["args"]
-            assert a["wire_dtype"] == "float32" and a["path"] == "host"
+            assert a["wire_dtype"] == wire
+            assert a["path"] == ("host" if wire == "float32" else "host (DLPack)")
             assert a["payload_bytes"] == plan[a["bucket"] - 1]
-            assert a["bytes"] >= a["payload_bytes"]
+            # float32: payload (+ slots); 16-bit: half of it + row headers
+            if wire == "float32":
+                assert a["bytes"] >= a["payload_bytes"]
+            else:
+                assert a["payload_bytes"] / 2 <= a["bytes"] < a["payload_bytes"]
             step = next(s for s in steps if s["args"]["step"] == a["step"])
             assert (
                 step["ts"] <= e["ts"] and e["ts"] + e["dur"] <= step["ts"] + step["dur"]
             )
-        assert len(_by(events, r, "mpi")) == 10 * len(plan)  # nested MPI calls
+        # nested MPI calls: Allreduce, or Alltoall + Allgather
+        calls = 1 if wire == "float32" else 2
+        assert len(_by(events, r, "mpi")) == 10 * len(plan) * calls
         assert len(_by(events, r, "validation")) == 2
         assert len(_by(events, r, "broadcast")) == 1
         assert _by(events, r, "loss_scale"), "growth_interval=3: grows in the window"
@@ -277,7 +286,7 @@ def test_timeline_of_a_real_fit(np_, tmp_path):
     for e in report["epochs"]:
         assert e["steps"] == 8
         assert e["bytes_per_step"] == sum(plan) and e["buckets"] == len(plan)
-        assert e["wire_bytes_per_step"] >= sum(plan)
+        assert e["wire_bytes_per_step"] >= sum(plan) / (1 if wire == "float32" else 2)
         total = e["compute_share"] + e["reduction_share"] + e["wait_share"]
         assert total == pytest.approx(1.0)
         assert e["step_ms_p95"] >= e["step_ms_median"] > 0

@@ -1,13 +1,14 @@
 """A fit with a timeline, as a user writes it (tests/test_timeline.py).
 
-Usage: timeline_fit.py DIR MODE
+Usage: timeline_fit.py DIR MODE [REPORT_STYLE [WIRE_DTYPE]]
 
 MODE "ok": 2 epochs of 8 steps, validation, a stock ModelCheckpoint, loss
 scaling with growth_interval=3 (loss-scale grows in the window), buckets of
 4 KB (several per step), `Timeline(DIR/trace.json, steps="2-11")`; the last
 rank sleeps 3 s before global step 6 (a straggler: the other ranks wait in
 that step's first reduction, and with KERAS_MPFP16_STALL_TIMEOUT=1 the stall
-inspector warns). Report style from argv[3] ("epoch" or "table").
+inspector warns). Report style from argv[3] ("epoch" or "table"), the
+gradient wire from argv[4] (default float32).
 
 MODE "crash": the timeline comes from KERAS_MPFP16_TIMELINE (set by the
 test); the last rank raises in a callback at the end of global step 5.
@@ -30,6 +31,7 @@ from keras_mpfp16.optimizer.buckets import plan_buckets  # noqa: E402
 
 out_dir, mode = sys.argv[1], sys.argv[2]
 style = sys.argv[3] if len(sys.argv) > 3 else "epoch"
+wire_dtype = sys.argv[4] if len(sys.argv) > 4 else "float32"
 rank, size = kmp.rank(), kmp.size()
 BUCKET_MB = 4096 / 2**20
 BATCH, STEPS = 8, 8
@@ -53,6 +55,7 @@ model.compile(
     optimizer=kmp.DistributedOptimizer(
         "adam",
         bucket_size_mb=BUCKET_MB,
+        wire_dtype=wire_dtype,
         loss_scale=True,
         initial_scale=2.0**8,
         growth_interval=3,
