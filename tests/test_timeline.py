@@ -333,3 +333,70 @@ def test_a_crashed_rank_leaves_readable_traces(np_, tmp_path):
         assert all(e["dur"] > 0 for e in events if e["ph"] == "X")
         assert any(e.get("cat") == "reduction" for e in events)
         assert os.path.getsize(part) > 0
+
+
+def test_graph_is_the_same_with_and_without_a_recorder(tmp_path):
+    """The reduction's graph never depends on the timeline: on or off, the
+    same ops; the host function alone looks at the recorder, at run time."""
+    import tensorflow as tf
+
+    from keras_mpfp16.backend import tf_gradients
+
+    grads = [tf.ones([300]), tf.ones([20, 10])]
+
+    def graph_ops():
+        @tf.function
+        def step():
+            out, finite = tf_gradients.allreduce_gradients(
+                grads,
+                shapes=[(300,), (20, 10)],
+                op="average",
+                wire_dtype="float32",
+                bucket_bytes=1024,
+                step=tf.constant(7, tf.int64),
+            )
+            return out, finite
+
+        graph = step.get_concrete_function().graph
+        # (names of captured inputs and py_func tokens differ per trace)
+        return [op.type for op in graph.get_operations()], step
+
+    off, _ = graph_ops()
+    rec = timeline.Recorder(0, 1, "h", timeline.Window("0-9"), None)
+    timeline.activate(rec)
+    try:
+        on, step = graph_ops()
+        rec.begin_step(0, 0)
+        out, finite = step()
+        rec.end_step()
+    finally:
+        timeline.activate(None)
+    assert on == off
+    assert bool(finite) and np.allclose(out[0].numpy(), 1.0)
+    (record,) = rec.take_records()
+    buckets = [c for c in record[4] if c[0] == "bucket"]
+    # 1 KB buckets, last variable first: (20, 10) then (300,)
+    assert [c[5] for c in buckets] == [800, 1200]
+    spans = [e for e in rec.events if e.get("cat") == "reduction"]
+    assert [e["args"]["bucket"] for e in spans] == [1, 2]
+
+
+def test_one_process_fit_writes_a_trace_and_report(tmp_path, capsys):
+    import keras
+
+    import keras_mpfp16 as kmp
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(optimizer=kmp.DistributedOptimizer("sgd"), loss="mse")
+    path = tmp_path / "t.json"
+    tl = kmp.callbacks.Timeline(path, steps="1-3", report="table")
+    x = np.zeros((40, 3), "float32")
+    model.fit(x, x[:, :1], batch_size=8, epochs=2, verbose=0, callbacks=[tl])
+    assert tl.written == str(path) and not list(tmp_path.glob("t.json.rank*"))
+    events = timeline.read_events(str(path))
+    steps = [e["args"]["step"] for e in events if e.get("cat") == "step"]
+    assert steps == [1, 2, 3]
+    assert [e["steps"] for e in tl.report["epochs"]] == [5, 5]
+    assert tl.report["epochs"][0]["busbw_gbps"] is None  # no reduction at N=1
+    assert "scaling report, 1 ranks" in capsys.readouterr().out
+    assert timeline.active() is None
