@@ -5,7 +5,7 @@ Usage: timeline_fit.py DIR MODE [REPORT_STYLE [WIRE_DTYPE]]
 MODE "ok": 2 epochs of 8 steps, validation, a stock ModelCheckpoint, loss
 scaling with growth_interval=3 (loss-scale grows in the window), buckets of
 4 KB (several per step), `Timeline(DIR/trace.json, steps="2-11")`; the last
-rank sleeps 3 s before global step 6 (a straggler: the other ranks wait in
+rank sleeps 3 s before global step 10 (a straggler: the other ranks wait in
 that step's first reduction, and with KERAS_MPFP16_STALL_TIMEOUT=1 the stall
 inspector warns). Report style from argv[3] ("epoch" or "table"), the
 gradient wire from argv[4] (default float32).
@@ -30,6 +30,13 @@ import keras_mpfp16 as kmp  # noqa: E402
 from keras_mpfp16.optimizer.buckets import plan_buckets  # noqa: E402
 
 out_dir, mode = sys.argv[1], sys.argv[2]
+if os.environ.get("TIMELINE_TEST_PINGPONG"):
+    # Test only: pretend each rank runs its own kernel, so the clocks are
+    # aligned by ping-pong with rank 0 (as across hosts). They are in fact
+    # the same clock: the measured offset must be within its stated bound.
+    from keras_mpfp16.runtime import timeline as _tl
+
+    _tl._boot_id = lambda: f"fake-kernel-{os.environ.get('OMPI_COMM_WORLD_RANK')}"
 style = sys.argv[3] if len(sys.argv) > 3 else "epoch"
 wire_dtype = sys.argv[4] if len(sys.argv) > 4 else "float32"
 rank, size = kmp.rank(), kmp.size()
@@ -66,7 +73,9 @@ model.compile(
 
 
 class Straggler(keras.callbacks.Callback):
-    """The last rank arrives late at step 6 (mode ok) or fails at step 5."""
+    """The last rank arrives late at step 10 (mode ok: in the second epoch,
+    away from step 0, whose tracing time differs between ranks) or fails
+    at step 5."""
 
     def __init__(self):
         super().__init__()
@@ -76,7 +85,7 @@ class Straggler(keras.callbacks.Callback):
         self.base += self.batches
 
     def on_train_batch_begin(self, batch, logs=None):
-        if mode == "ok" and rank == size - 1 and self.base + batch == 6:
+        if mode == "ok" and rank == size - 1 and self.base + batch == 10:
             time.sleep(3.0)
 
     def on_train_batch_end(self, batch, logs=None):
