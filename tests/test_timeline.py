@@ -411,3 +411,20 @@ def test_one_process_fit_writes_a_trace_and_report(tmp_path, capsys):
     assert tl.report["epochs"][0]["busbw_gbps"] is None  # no reduction at N=1
     assert "scaling report, 1 ranks" in capsys.readouterr().out
     assert timeline.active() is None
+
+
+def test_report_only_without_a_path(tmp_path, capsys, monkeypatch):
+    import keras
+
+    import keras_mpfp16 as kmp
+
+    monkeypatch.chdir(tmp_path)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(optimizer=kmp.DistributedOptimizer("sgd"), loss="mse")
+    tl = kmp.callbacks.Timeline(report=True)
+    x = np.zeros((16, 3), "float32")
+    model.fit(x, x[:, :1], batch_size=8, epochs=2, verbose=0, callbacks=[tl])
+    assert tl.written is None and not list(tmp_path.iterdir())
+    assert [e["steps"] for e in tl.report["epochs"]] == [2, 2]
+    out = capsys.readouterr().out
+    assert out.count("keras_mpfp16 timeline: epoch") == 2
