@@ -24,12 +24,22 @@ copy). 16-bit wires are encoded and decoded in the graph; the only host-side
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import tensorflow as tf
 
 from keras_mpfp16.backend.tf_order import ordered
 from keras_mpfp16.optimizer.buckets import plan_buckets, sparse_is_cheaper
-from keras_mpfp16.runtime import collectives, cuda, env, progress, wire, world
+from keras_mpfp16.runtime import (
+    collectives,
+    cuda,
+    env,
+    progress,
+    timeline,
+    wire,
+    world,
+)
 
 SPARSE_ENV = "KERAS_MPFP16_SPARSE_GRADIENTS"  # registered in runtime.env
 SPARSE_MODES = env.setting("SPARSE_GRADIENTS").choices
@@ -318,6 +328,47 @@ def _owner_sum(recv, wire_dtype: str, slot_words: int):
 
 # -- the host functions run inside the step ------------------------------------------
 
+_BUCKET_RE = re.compile(r"gradient allreduce, bucket (\d+)/")
+
+
+def _bucket_index(label: str) -> int | None:
+    """The bucket's 1-based index in the plan, None for other reductions."""
+    m = _BUCKET_RE.match(label)
+    return int(m.group(1)) if m else None
+
+
+def _nbytes(buf) -> int:
+    """Bytes of a numpy array (numpy_function) or an eager tensor (py_function)."""
+    if isinstance(buf, np.ndarray):
+        return int(buf.nbytes)
+    return int(buf.shape.num_elements()) * buf.dtype.size
+
+
+def _timed(body, label: str, length: int, wire_dtype: str, path: str):
+    """`body` as the host function, recorded as the bucket's reduction span
+    while a timeline records (`runtime.timeline`). Off, the only cost is the
+    `recorder is None` branch: the step's graph is the same either way."""
+    bucket = _bucket_index(label)
+    if bucket is None:
+        return body
+    payload = 4 * length
+
+    def run(buf, step):
+        recorder = timeline.active()
+        if recorder is None:
+            return body(buf, step)
+        with recorder.reduction(
+            f"{label}, train step {int(step)}",
+            bucket=bucket,
+            nbytes=_nbytes(buf),
+            payload_bytes=payload,
+            wire=wire_dtype,
+            path=path,
+        ):
+            return body(buf, step)
+
+    return run
+
 
 def _float32_host(label: str, first: bool, length: int, average: bool):
     """numpy_function body: float32 Allreduce of a bucket (+ the step slots)."""
@@ -339,7 +390,7 @@ def _float32_host(label: str, first: bool, length: int, average: bool):
             collectives.divide_by_size(grads, n)
         return (out, finite, table) if first else (out, finite)
 
-    return reduce
+    return _timed(reduce, label, length, "float32", "host")
 
 
 def _float32_device(label: str, first: bool, length: int):
@@ -359,10 +410,12 @@ def _float32_device(label: str, first: bool, length: int):
         check_step_table(table, label)
         return [out, tf.constant(table, tf.int64)]
 
-    return reduce
+    return _timed(reduce, label, length, "float32", "device (DLPack)")
 
 
-def _lowp(label: str, wire_dtype: str, slot_words: int, device_buffers: bool):
+def _lowp(
+    label: str, wire_dtype: str, slot_words: int, device_buffers: bool, length: int
+):
     """py_function body: the 16-bit wire (Alltoall, owner's sum, Allgather)."""
     n = world.size()
 
@@ -390,7 +443,8 @@ def _lowp(label: str, wire_dtype: str, slot_words: int, device_buffers: bool):
         cuda.path_counts["dlpack"] += 1
         return [gathered, *outputs]
 
-    return reduce
+    path = "device (DLPack)" if device_buffers else "host (DLPack)"
+    return _timed(reduce, label, length, wire_dtype, path)
 
 
 def _sparse_host(label: str, row_width: int):
@@ -476,7 +530,7 @@ def _reduce_bucket(
     k = 0 if slots is None else int(slots.shape[0])
     outs = ordered(
         lambda: tf.py_function(
-            _lowp(label, wire_dtype, k, device),
+            _lowp(label, wire_dtype, k, device, length),
             [words, step],
             [tf.uint16, tf.int64] if first else [tf.uint16],
         )

@@ -10,6 +10,7 @@
   temporary file and an atomic rename (stock `ModelCheckpoint` behaves so
   too in a `DistributedOptimizer` model's `fit`).
 - `root_only`: run any callback on rank 0 only.
+- `Timeline`: a trace-event timeline of `fit` per rank, and a scaling report.
 """
 
 from keras_mpfp16.callbacks import rank_output as _rank_output
@@ -36,6 +37,7 @@ from keras_mpfp16.callbacks.lr_schedule import (  # noqa: E402
 )
 from keras_mpfp16.callbacks.rank_output import quiet_non_root_ranks  # noqa: E402
 from keras_mpfp16.callbacks.root_only import RootOnly, root_only  # noqa: E402
+from keras_mpfp16.callbacks.timeline import Timeline  # noqa: E402
 
 __all__ = [
     "SCALING_RULES",
@@ -44,6 +46,7 @@ __all__ = [
     "LearningRateScaler",
     "RootOnly",
     "ScaledLearningRate",
+    "Timeline",
     "quiet_non_root_ranks",
     "root_only",
     "scale_factor",

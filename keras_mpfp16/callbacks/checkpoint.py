@@ -10,11 +10,13 @@ file.
 from __future__ import annotations
 
 import os
+import threading
 
 import keras
 
 from keras_mpfp16 import runtime
 from keras_mpfp16.internals import keras as keras_internals
+from keras_mpfp16.runtime import timeline
 
 # Keras's save functions dispatch on these endings, so temporary names keep them.
 _SUFFIXES = (".weights.h5", ".keras", ".h5")
@@ -71,6 +73,28 @@ def atomic_write(filepath: str, write) -> None:
         write: `path -> None`, e.g. `lambda p: model.save(p)`.
     """
     filepath = os.fspath(filepath)
+    recorder = timeline.active()
+    if recorder is None or _writing.depth:
+        _atomic_write(filepath, write)
+        return
+    # The outermost write only (AtomicModelCheckpoint's write calls a
+    # model.save that fit made atomic too).
+    _writing.depth += 1
+    try:
+        with recorder.span("checkpoint write", "checkpoint", {"path": filepath}):
+            _atomic_write(filepath, write)
+    finally:
+        _writing.depth -= 1
+
+
+class _Writing(threading.local):
+    depth = 0
+
+
+_writing = _Writing()
+
+
+def _atomic_write(filepath: str, write) -> None:
     if "://" in filepath:
         write(filepath)
         return

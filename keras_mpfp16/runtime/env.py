@@ -378,6 +378,52 @@ register(
 )
 
 
+def _timeline_report(text: str) -> bool | str:
+    word = text.strip().lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    if word in ("epoch", "table"):
+        return word
+    raise ValueError(
+        f"{PREFIX}TIMELINE_REPORT={text!r} is not understood; allowed values are "
+        "0, 1, epoch, table."
+    )
+
+
+register(
+    "TIMELINE",
+    "str",
+    None,
+    read="at each distributed `fit`",
+    value_doc="a file path",
+    doc="Write a Chrome trace-event timeline of every multi-process `fit` to "
+    "this file (each `fit` rewrites it), as `kmp.callbacks.Timeline(path)` "
+    "does. See [Timeline and scaling report](timeline.md).",
+)
+register(
+    "TIMELINE_STEPS",
+    "str",
+    None,
+    read="at each distributed `fit`",
+    value_doc="`first-last`, one step, or `every:K`",
+    doc="Which train steps the timeline traces, counted over the whole `fit`; "
+    "unset: steps 0-19.",
+)
+register(
+    "TIMELINE_REPORT",
+    "str",
+    False,
+    read="at each distributed `fit`",
+    parse=_timeline_report,
+    value_doc="`0` / `1` (or `epoch`) / `table`",
+    doc="Print the scaling report on rank 0: one line per epoch (`1`, "
+    "`epoch`) or a table at the end (`table`). Set without "
+    "`KERAS_MPFP16_TIMELINE`, the report is computed and no trace written.",
+)
+
+
 # -- the reference page -----------------------------------------------------------
 
 

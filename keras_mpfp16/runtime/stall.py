@@ -48,6 +48,7 @@ import time
 from contextlib import contextmanager
 
 from keras_mpfp16.runtime import env
+from keras_mpfp16.runtime import timeline as _timeline_mod
 
 # Registered (with their defaults) in runtime.env.
 TIMEOUT_ENV = env.setting("STALL_TIMEOUT").name
@@ -473,6 +474,20 @@ class Inspector:
                 f"have not arrived.\n  {everyone}\n"
             )
             sys.stderr.flush()
+            recorder = _timeline_mod.active()
+            if recorder is not None:
+                recorder.instant(
+                    "stall warning",
+                    "stall",
+                    {
+                        "collective": name,
+                        "waiting_ranks": sorted(waiting),
+                        "missing_ranks": missing,
+                        "stalled_s": round(stalled, 1),
+                    },
+                    scope="g",
+                )
+                recorder.flush()
         if self.abort_after and stalled >= self.abort_after:
             self._fail(f"stalled for {stalled:.0f}s ({ABORT_ENV}).\n  {everyone}")
 
@@ -510,6 +525,12 @@ class Inspector:
         else:
             head = f"keras_mpfp16 error (rank 0 on host {self.hosts[0]} watching {self.size} ranks)"
         sys.stderr.write(f"{head}: {message}\n")
+        recorder = _timeline_mod.active()
+        if recorder is not None:  # the part file keeps why the job ended
+            recorder.instant(
+                "stall inspector ends the job", "stall", {"message": message}, "g"
+            )
+            recorder.flush()
         abort_job(1)
 
 
@@ -639,9 +660,12 @@ def timeline() -> list[tuple[str, int, float, float]]:
 
 @contextmanager
 def collective(name: str):
-    """Marks the enclosed MPI call as collective `name` for the inspector."""
+    """Marks the enclosed MPI call as collective `name` for the inspector
+    (and for the timeline, `runtime.timeline`, when one is recording)."""
     record = _timeline
+    recorder = _timeline_mod.active()
     start = time.perf_counter() if record is not None else 0.0
+    start_ns = time.perf_counter_ns() if recorder is not None else 0
     try:
         if _inspector is None:
             yield
@@ -651,3 +675,5 @@ def collective(name: str):
     finally:
         if record is not None:
             record.append((name, threading.get_ident(), start, time.perf_counter()))
+        if recorder is not None:
+            recorder.collective(name, start_ns, time.perf_counter_ns())

@@ -41,6 +41,7 @@ from keras_mpfp16.callbacks.checkpoint import (
 )
 from keras_mpfp16.callbacks.root_only import RootOnly
 from keras_mpfp16.internals import keras as keras_internals
+from keras_mpfp16.runtime import timeline
 
 # Callbacks whose only effect is writing files (or sending logs out): one
 # writer per job.
@@ -161,6 +162,14 @@ class SafeBackupAndRestore(keras.callbacks.Callback):
     # -- backup ----------------------------------------------------------------
 
     def _write(self, hook, *args) -> None:
+        recorder = timeline.active()
+        if recorder is None:
+            self._write_backup(hook, *args)
+            return
+        with recorder.span("backup write", "checkpoint", {"path": self.backup_dir}):
+            self._write_backup(hook, *args)
+
+    def _write_backup(self, hook, *args) -> None:
         """Runs the Keras callback's hook with its files redirected to the
         staging directory; swaps the directory in if it wrote a backup."""
         weights, metadata = keras_internals.backup_paths(self.callback)

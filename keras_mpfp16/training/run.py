@@ -25,8 +25,9 @@ from keras_mpfp16.callbacks.global_metrics import (
     check_equal_steps,
     guard_jit,
 )
+from keras_mpfp16.callbacks.timeline import Timeline
 from keras_mpfp16.data.split import split_for_evaluation
-from keras_mpfp16.runtime import progress
+from keras_mpfp16.runtime import progress, timeline
 from keras_mpfp16.training import files, replica
 
 _reductions: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -81,14 +82,23 @@ class DistributedRun:
 
     def callbacks(self, callbacks):
         """The user's callbacks made safe, between our first and last."""
-        user = []
+        user, timelines = [], []
         for cb in _callback_list(callbacks):
             if isinstance(cb, GlobalMetrics):
                 # Redundant: logs are already global. Keep its settings.
                 self.check_steps = cb.check_steps
                 continue
+            if isinstance(cb, Timeline):
+                # First: its step spans then hold the step itself, not the
+                # other callbacks' per-batch work.
+                timelines.append(cb)
+                continue
             user.append(files.make_safe(cb))
-        ours = [_RunFirst(self), *user, _RunLast(self)]
+        if self.training and not timelines:
+            from_env = Timeline.from_env()  # KERAS_MPFP16_TIMELINE*
+            if from_env is not None:
+                timelines.append(from_env)
+        ours = [*timelines, _RunFirst(self), *user, _RunLast(self)]
         if isinstance(callbacks, keras.callbacks.CallbackList):
             callbacks.callbacks[:] = ours
             callbacks.set_model(self.model)
@@ -152,7 +162,12 @@ class _RunLast(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         model = self.run.model
         replica.agree_on_initial_epoch(model)
-        replica.sync_from_root(model)
+        recorder = timeline.active()
+        if recorder is None:
+            replica.sync_from_root(model)
+        else:
+            with recorder.span("initial broadcast", "broadcast"):
+                replica.sync_from_root(model)
         if self.run.check_steps:
             check_equal_steps((self.params or {}).get("steps"))
         self.run.baseline = None
