@@ -9,6 +9,7 @@ fixture); skipped, with the reason, where it cannot (not root, no Slurm).
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import sys
@@ -96,3 +97,16 @@ def test_documented_sbatch_script_runs(tmp_path):
     recs = [json.loads(line) for line in lines]
     assert {r["size"] for r in recs} == {2} and len({r["digest"] for r in recs}) == 1
     assert time.monotonic() - start < 400
+
+
+def test_doctor_under_srun():
+    result = run_srun(2, "doctor_main.py", "--json", "--large-mb", "4", timeout=300)
+    lines = [line for line in result.stdout.splitlines() if line.startswith('{"info"')]
+    assert len(lines) == 1, result.describe()  # rank 0 alone prints
+    report = json.loads(lines[0])
+    assert report["info"]["launcher"].startswith("srun: 2 processes")
+    assert report["info"]["mpi_world_size"] == 2
+    assert [r["rank"] for r in report["ranks"]] == [0, 1]
+    assert [r["launcher_local_rank"] for r in report["ranks"]] == [0, 1]
+    cores = len(os.sched_getaffinity(0))
+    assert result.returncode == (0 if cores >= 2 else 1), result.describe()
