@@ -19,6 +19,13 @@ from keras_mpfp16.runtime import threads as _threads
 
 _threads.apply_thread_defaults()
 
+# Likewise CUDA_VISIBLE_DEVICES, when asked to (KERAS_MPFP16_BIND_GPUS=1):
+# before Keras, hence TensorFlow, is imported here.
+from keras_mpfp16.runtime import gpus as _gpus  # noqa: E402
+
+if _gpus.bind_requested():
+    _gpus.bind_gpus()
+
 from keras_mpfp16 import (  # noqa: E402
     callbacks,
     data,
@@ -33,6 +40,7 @@ from keras_mpfp16.runtime import (  # noqa: E402
     allgather,
     allreduce,
     barrier,
+    bind_gpus,
     broadcast,
     cuda_aware,
     init,
@@ -58,6 +66,7 @@ __all__ = [
     "allgather",
     "allreduce",
     "barrier",
+    "bind_gpus",
     "broadcast",
     "broadcast_variables",
     "cuda_aware",

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from keras_mpfp16.runtime import cuda, launcher, threads, world
+from keras_mpfp16.runtime import cuda, gpus, launcher, threads, world
 
 _THREAD_VARS = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "OMP_NUM_THREADS")
 
@@ -71,14 +71,6 @@ def _affinity() -> list[int]:
         return list(range(os.cpu_count() or 1))
 
 
-def node_gpus() -> int:
-    """NVIDIA GPUs in this machine, from the driver (no CUDA initialisation)."""
-    try:
-        return len(os.listdir("/proc/driver/nvidia/gpus"))
-    except OSError:
-        return 0
-
-
 def _rank_row() -> dict[str, Any]:
     launch = launcher.detect()
     return {
@@ -90,7 +82,7 @@ def _rank_row() -> dict[str, Any]:
         "launcher_local_rank": launch.local_rank if launch else None,
         "cpus": _affinity(),
         "node_cores": threads.node_cores(),
-        "gpus": node_gpus(),
+        "gpus": gpus.node_gpus(),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "threads": {k: os.environ.get(k) for k in _THREAD_VARS},
         "threads_by_kmp": sorted(threads.applied),
