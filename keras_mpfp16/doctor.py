@@ -189,9 +189,9 @@ def diagnose(large_bytes: int = 64 << 20) -> Report:
     report = Report()
     _versions(report)
     try:
-        from mpi4py import MPI
-    except Exception as exc:
-        report.problem(f"mpi4py / MPI cannot be loaded ({exc})", world._INSTALL_HINT)
+        MPI = world._import_mpi()
+    except RuntimeError as exc:
+        report.problem(str(exc), "see above")
         return report
     info = report.info
     info["mpi_library"] = (

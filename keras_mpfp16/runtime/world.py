@@ -35,6 +35,7 @@ _lock = threading.Lock()
 
 
 def _import_mpi():
+    launcher.prepare_mpi_environment()  # before MPI_Init reads it
     try:
         from mpi4py import MPI
     except ImportError as exc:  # mpi4py missing, or its libmpi cannot be loaded
