@@ -21,10 +21,11 @@ _threads.apply_thread_defaults()
 
 # Likewise CUDA_VISIBLE_DEVICES, when asked to (KERAS_MPFP16_BIND_GPUS=1):
 # before Keras, hence TensorFlow, is imported here.
+from keras_mpfp16.backend.devices import bind_gpus  # noqa: E402
 from keras_mpfp16.runtime import gpus as _gpus  # noqa: E402
 
 if _gpus.bind_requested():
-    _gpus.bind_gpus()
+    bind_gpus()
 
 from keras_mpfp16 import (  # noqa: E402
     callbacks,
@@ -40,7 +41,6 @@ from keras_mpfp16.runtime import (  # noqa: E402
     allgather,
     allreduce,
     barrier,
-    bind_gpus,
     broadcast,
     cuda_aware,
     init,

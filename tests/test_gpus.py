@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from keras_mpfp16.backend import devices
 from keras_mpfp16.runtime import gpus
 
 
@@ -74,21 +75,21 @@ def test_bind_gpus_from_each_launchers_local_rank(monkeypatch, name):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
     # In this test process TensorFlow may already be up (other tests): the
     # too-late check is tested in a fresh process below.
-    monkeypatch.setattr(gpus, "framework_gpus_initialized", lambda: None)
-    assert gpus.bind_gpus() == ["5"]
+    monkeypatch.setattr(devices, "framework_initialized", lambda: None)
+    assert devices.bind_gpus() == ["5"]
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "5"
     # Again: already bound, nothing changes.
-    assert gpus.bind_gpus() == ["5"]
+    assert devices.bind_gpus() == ["5"]
 
 
 def test_bind_gpus_leaves_a_cpu_machine_alone(monkeypatch):
     _clean(monkeypatch, _LAUNCHERS["mpirun"])
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     monkeypatch.setattr(gpus, "node_gpus", lambda: 0)
-    assert gpus.bind_gpus() == []
+    assert devices.bind_gpus() == []
     assert "CUDA_VISIBLE_DEVICES" not in os.environ
     with pytest.raises(ValueError, match="gpus_per_rank"):
-        gpus.bind_gpus(0)
+        devices.bind_gpus(0)
 
 
 _SCRIPT = """
@@ -143,3 +144,30 @@ def test_bind_gpus_at_import_when_asked():
     }
     out = _run("early", env)
     assert "after import 3" in out and "bound ['3'] 3" in out
+
+
+def test_bind_gpus_at_import_after_tensorflow_started_is_refused():
+    env = {
+        **_LAUNCHERS["hydra"],
+        "CUDA_VISIBLE_DEVICES": "0,1",
+        gpus.ENV_VAR: "1",
+        "TF_CPP_MIN_LOG_LEVEL": "3",
+    }
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("OMPI_", "PMI", "SLURM_", "MV2_", "JSM_", "MPI_LOCAL"))
+    }
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import tensorflow as tf; tf.constant(1.0); import keras_mpfp16",
+        ],
+        capture_output=True,
+        text=True,
+        env={**clean, **env},
+        timeout=240,
+    )
+    assert proc.returncode != 0
+    assert "bind_gpus() came too late: TensorFlow" in proc.stderr, proc.stderr[-3000:]

@@ -12,7 +12,6 @@ from keras_mpfp16.runtime.collectives import (
     validate_op,
 )
 from keras_mpfp16.runtime.cuda import cuda_aware
-from keras_mpfp16.runtime.gpus import bind_gpus
 from keras_mpfp16.runtime.threads import apply_thread_defaults
 from keras_mpfp16.runtime.wire import WIRE_DTYPES, validate_wire_dtype
 from keras_mpfp16.runtime.world import (
@@ -37,7 +36,6 @@ __all__ = [
     "allreduce_flat",
     "apply_thread_defaults",
     "barrier",
-    "bind_gpus",
     "broadcast",
     "broadcast_arrays",
     "cuda_aware",

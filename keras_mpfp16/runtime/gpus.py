@@ -1,20 +1,15 @@
-"""One GPU per local rank: `CUDA_VISIBLE_DEVICES` set before CUDA starts.
+"""One GPU per local rank: which devices, from the launcher's variables.
 
-CUDA reads `CUDA_VISIBLE_DEVICES` once, when it initialises in the process;
-TensorFlow initialises it lazily, at the first operation or device query.
-`bind_gpus` sets the variable from the launcher's local rank (no MPI call
-needed) and refuses, with an error, when it comes too late to have an
-effect. `KERAS_MPFP16_BIND_GPUS=1` makes `import keras_mpfp16` call it.
-
-Nothing here imports a deep-learning framework: whether TensorFlow (or
-PyTorch, for Keras's torch backend) has already set up its devices is read
-from the modules already loaded (`sys.modules`), never by importing them.
+The device choice (`select_devices`) and setting `CUDA_VISIBLE_DEVICES`
+(`bind`). Whether it comes too late - a framework has already set up its
+devices - is asked of the backend layer (`keras_mpfp16.backend.devices`,
+where the public `kmp.bind_gpus` lives): this module imports no framework.
 """
 
 from __future__ import annotations
 
 import os
-import sys
+from collections.abc import Callable
 
 from keras_mpfp16 import _validate
 from keras_mpfp16.runtime import launcher
@@ -84,28 +79,6 @@ def select_devices(
     return pool[start : start + gpus_per_rank]
 
 
-def framework_gpus_initialized() -> str | None:
-    """Which loaded framework has already set up its devices, or None.
-
-    Reads only modules already imported. TensorFlow: its eager context
-    exists and has listed its physical devices or started (the first
-    operation, `tf.config.list_physical_devices`, building a model).
-    PyTorch: `torch.cuda.is_initialized()`.
-    """
-    context = sys.modules.get("tensorflow.python.eager.context")
-    if context is not None:
-        ctx = context.context_safe()
-        if ctx is not None and (
-            getattr(ctx, "_physical_devices", None) is not None
-            or getattr(ctx, "_context_handle", None) is not None
-        ):
-            return "TensorFlow"
-    torch_cuda = sys.modules.get("torch.cuda")
-    if torch_cuda is not None and torch_cuda.is_initialized():
-        return "PyTorch"
-    return None
-
-
 def _local_rank_and_size() -> tuple[int, int]:
     launch = launcher.detect()
     if launch is not None and launch.local_rank is not None and launch.local_size:
@@ -118,39 +91,19 @@ def _local_rank_and_size() -> tuple[int, int]:
     return world.local_rank(), world.local_size()
 
 
-def bind_gpus(gpus_per_rank: int = 1) -> list[str]:
-    """Gives each local rank its own GPU(s), before TensorFlow starts CUDA.
-
-    Sets `CUDA_VISIBLE_DEVICES` from the launcher's local rank (Open MPI's
-    `OMPI_COMM_WORLD_LOCAL_RANK`, Slurm's `SLURM_LOCALID`, Hydra's
-    `MPI_LOCALRANKID`, ...; MPI's own local rank for launchers that announce
-    none): local rank `r` gets the `r`-th device of those visible (of
-    `CUDA_VISIBLE_DEVICES` if set, else of the node's). A process that
-    already sees exactly `gpus_per_rank` devices keeps them, so the call is
-    harmless under `srun --gpus-per-task=1`. Without GPUs it does nothing.
-
-    Call it right after `import keras_mpfp16`, before building a model or
-    running any tensor operation; `KERAS_MPFP16_BIND_GPUS=1` has the import
-    do it. Inside TensorFlow the rank's GPU is then `/GPU:0`.
+def bind(
+    gpus_per_rank: int, framework_initialized: Callable[[], str | None]
+) -> list[str]:
+    """Sets `CUDA_VISIBLE_DEVICES` for this local rank (see `kmp.bind_gpus`).
 
     Args:
-        gpus_per_rank: Devices per rank (default 1).
+        gpus_per_rank: Devices per rank.
+        framework_initialized: Returns the name of a framework that has
+            already set up its devices, or None; supplied by the backend
+            layer (this module imports no framework).
 
     Returns:
         The devices now in `CUDA_VISIBLE_DEVICES` (`[]` without GPUs).
-
-    Raises:
-        RuntimeError: if TensorFlow (or PyTorch) has already initialised its
-            GPUs, so that the variable would have no effect.
-        ValueError: if the node has fewer GPUs than its ranks need.
-
-    Example:
-
-    ```python
-    import keras_mpfp16 as kmp
-    kmp.bind_gpus()
-    import keras  # build the model after this point
-    ```
     """
     gpus_per_rank = _validate.positive_int("gpus_per_rank", gpus_per_rank)
     local_rank, local_size = _local_rank_and_size()
@@ -163,7 +116,7 @@ def bind_gpus(gpus_per_rank: int = 1) -> list[str]:
     value = ",".join(wanted)
     if value == current:
         return wanted
-    late = framework_gpus_initialized()
+    late = framework_initialized()
     if late is not None:
         raise RuntimeError(
             f"keras_mpfp16.bind_gpus() came too late: {late} has already "
