@@ -22,6 +22,14 @@ from keras_mpfp16.runtime import threads as _threads
 
 _threads.apply_thread_defaults()
 
+# Likewise CUDA_VISIBLE_DEVICES, when asked to (KERAS_MPFP16_BIND_GPUS=1):
+# before Keras, hence TensorFlow, is imported here.
+from keras_mpfp16.backend.devices import bind_gpus  # noqa: E402
+from keras_mpfp16.runtime import gpus as _gpus  # noqa: E402
+
+if _gpus.bind_requested():
+    bind_gpus()
+
 from keras_mpfp16 import (  # noqa: E402
     callbacks,
     config,
@@ -62,6 +70,7 @@ __all__ = [
     "allgather",
     "allreduce",
     "barrier",
+    "bind_gpus",
     "broadcast",
     "broadcast_variables",
     "cuda_aware",

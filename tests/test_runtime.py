@@ -81,7 +81,75 @@ def test_thread_defaults_split_unpinned_cores_between_ranks():
         threads.parse_override("many")
 
 
+def test_thread_defaults_divide_a_mask_shared_by_several_ranks():
+    # srun without per-task binding: each of 4 tasks gets the whole
+    # allocation of 8 cores as its mask; 4 x 8 threads would oversubscribe.
+    assert threads.default_thread_counts(cores=8, total_cores=8, local_size=4) == (
+        2,
+        2,
+    )
+    # Masks that cannot all be disjoint (2 x 48 > 64 cores) overlap: divide.
+    assert threads.default_thread_counts(cores=48, total_cores=64, local_size=2) == (
+        24,
+        2,
+    )
+    # 4 masks of 8 fit in 64 cores: each may be the rank's own (mpirun
+    # --bind-to core --map-by ppr:4:node:PE=8): use it whole.
+    assert threads.default_thread_counts(cores=8, total_cores=64, local_size=4) == (
+        8,
+        2,
+    )
+    # More ranks than cores in the shared mask: one thread each.
+    assert threads.default_thread_counts(cores=2, total_cores=2, local_size=3) == (1, 1)
+
+
+def test_node_cores_is_the_slurm_allocation_on_the_node(monkeypatch):
+    monkeypatch.delenv("SLURM_CPUS_ON_NODE", raising=False)
+    assert threads.node_cores() == (os.cpu_count() or 1)
+    monkeypatch.setenv("SLURM_CPUS_ON_NODE", "1")
+    assert threads.node_cores() == 1
+    monkeypatch.setenv("SLURM_CPUS_ON_NODE", str(10 * (os.cpu_count() or 1)))
+    assert threads.node_cores() == (os.cpu_count() or 1)  # never above the machine
+
+
+def _clear_launcher_env(monkeypatch):
+    for key in list(os.environ):
+        if key.startswith(("OMPI_", "PMI_", "MV2_", "JSM_", "SLURM_", "MPI_LOCAL")):
+            monkeypatch.delenv(key)
+    for key in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "OMP_NUM_THREADS"):
+        # setenv first: monkeypatch then restores the original state, so the
+        # values apply_thread_defaults sets do not leak into later tests.
+        monkeypatch.setenv(key, "")
+        monkeypatch.delenv(key)
+    monkeypatch.delenv(threads.ENV_VAR, raising=False)
+    threads.applied.clear()
+
+
+def test_thread_defaults_under_srun_without_binding(monkeypatch):
+    # Simulated srun step: 2 tasks here, no per-task binding, so each task's
+    # mask is the job's whole allocation on the node.
+    _clear_launcher_env(monkeypatch)
+    mask = 8
+    monkeypatch.setattr(threads, "visible_cores", lambda: mask)
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "4")
+    monkeypatch.setenv("SLURM_STEP_TASKS_PER_NODE", "2(x2)")
+    monkeypatch.setenv("SLURM_NODEID", "1")
+    monkeypatch.setenv("SLURM_CPUS_ON_NODE", str(mask))
+    assert threads.apply_thread_defaults()["TF_NUM_INTRAOP_THREADS"] == "4"
+    assert os.environ["OMP_NUM_THREADS"] == "4"
+    # The same step with srun binding each task to 4 of the 8 cores.
+    _clear_launcher_env(monkeypatch)
+    monkeypatch.setattr(threads, "visible_cores", lambda: 4)
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "2")
+    monkeypatch.setenv("SLURM_STEP_TASKS_PER_NODE", "2")
+    monkeypatch.setenv("SLURM_CPUS_ON_NODE", str(mask))
+    assert threads.apply_thread_defaults()["TF_NUM_INTRAOP_THREADS"] == "4"
+
+
 def test_thread_defaults_leave_user_settings_alone(monkeypatch):
+    _clear_launcher_env(monkeypatch)
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
     monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2")
     monkeypatch.setenv("TF_NUM_INTRAOP_THREADS", "7")
     monkeypatch.delenv("TF_NUM_INTEROP_THREADS", raising=False)
@@ -92,7 +160,7 @@ def test_thread_defaults_leave_user_settings_alone(monkeypatch):
     # Intra-op is the user's; inter-op, which the user left unset, is the
     # library's default for this machine's cores.
     _, inter = threads.default_thread_counts(
-        threads.visible_cores(), os.cpu_count() or 1, 2
+        threads.visible_cores(), threads.node_cores(), 2
     )
     assert os.environ["TF_NUM_INTEROP_THREADS"] == str(inter)
 

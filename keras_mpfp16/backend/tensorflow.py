@@ -23,7 +23,10 @@ from keras_mpfp16.backend.tf_gradients import (  # noqa: F401  (the bridge's API
     reduction_path,
 )
 from keras_mpfp16.backend.tf_order import ordered
-from keras_mpfp16.internals.tensorflow import in_xla_context  # noqa: F401  (bridge API)
+from keras_mpfp16.internals.tensorflow import (  # noqa: F401  (bridge API)
+    devices_initialized,
+    in_xla_context,
+)
 from keras_mpfp16.runtime import collectives, world
 
 _XLA_ASSERT_WARNING = (

@@ -32,6 +32,21 @@ try:
 except (ImportError, AttributeError) as exc:  # pragma: no cover - TF version
     _import_problems.append((IN_XLA_CONTEXT, f"{type(exc).__name__}: {exc}"))
 
+DEVICES_INITIALIZED = Internal(
+    accessor="tensorflow.devices_initialized",
+    internal="tensorflow.python.eager.context.context_safe() and its "
+    "_physical_devices / _context_handle",
+    feature="kmp.bind_gpus()'s 'too late' error (CUDA_VISIBLE_DEVICES set after "
+    "TensorFlow set up its devices would silently have no effect)",
+)
+REGISTRY[DEVICES_INITIALIZED.accessor] = DEVICES_INITIALIZED
+try:
+    _context_safe = importlib.import_module(
+        "tensorflow.python.eager.context"
+    ).context_safe
+except (ImportError, AttributeError) as exc:  # pragma: no cover - TF version
+    _import_problems.append((DEVICES_INITIALIZED, f"{type(exc).__name__}: {exc}"))
+
 if _import_problems:
     raise KerasInternalsError(_import_problems)
 
@@ -61,13 +76,52 @@ def _probe_in_xla_context() -> None:
         )
 
 
+def devices_initialized() -> bool:
+    """Whether TensorFlow has listed its physical devices or started its context.
+
+    Either fixes the devices CUDA sees (`CUDA_VISIBLE_DEVICES` is read when
+    CUDA initialises). TensorFlow has no public API that answers without
+    initialising them itself. The eager context is created lazily
+    (`context_safe()` is None until then); `_physical_devices` is filled by
+    the first device query, `_context_handle` by the first operation.
+    """
+    ctx = _context_safe()
+    if ctx is None:
+        return False
+    _require_context_attributes(ctx)
+    return ctx._physical_devices is not None or ctx._context_handle is not None
+
+
+def _require_context_attributes(ctx) -> None:
+    missing = [
+        a for a in ("_physical_devices", "_context_handle") if not hasattr(ctx, a)
+    ]
+    if missing:
+        raise KerasInternalsError(
+            [(DEVICES_INITIALIZED, f"the eager context has no {', '.join(missing)}")]
+        )
+
+
+def _probe_devices_initialized() -> None:
+    tf.constant(0.0)  # the context exists and has started
+    if not devices_initialized():
+        raise AssertionError("devices_initialized() is False after an operation")
+
+
 def check() -> dict[str, str | None]:
     """`{accessor: None}` if it works as the package needs, else what went wrong."""
-    try:
-        _probe_in_xla_context()
-    except Exception as exc:  # noqa: BLE001 - reported, not swallowed
-        return {IN_XLA_CONTEXT.accessor: f"{type(exc).__name__}: {exc}"}
-    return {IN_XLA_CONTEXT.accessor: None}
+    results: dict[str, str | None] = {}
+    for internal, probe in (
+        (IN_XLA_CONTEXT, _probe_in_xla_context),
+        (DEVICES_INITIALIZED, _probe_devices_initialized),
+    ):
+        try:
+            probe()
+        except Exception as exc:  # noqa: BLE001 - reported, not swallowed
+            results[internal.accessor] = f"{type(exc).__name__}: {exc}"
+        else:
+            results[internal.accessor] = None
+    return results
 
 
-__all__ = ["REGISTRY", "check", "in_xla_context"]
+__all__ = ["REGISTRY", "check", "devices_initialized", "in_xla_context"]

@@ -424,6 +424,29 @@ register(
 )
 
 
+register(
+    "ALLOW_SIZE_MISMATCH",
+    "bool",
+    False,
+    read="at init()",
+    doc="`1` switches off the check that MPI's world size equals the size the "
+    "launcher announced (`srun`'s step, `mpirun`'s variables, `PMI_SIZE`). "
+    "Only for the rare job that launches a different number of processes on "
+    "purpose; a mismatch otherwise means N independent one-process trainings. "
+    "See [Running jobs](launching.md).",
+)
+register(
+    "BIND_GPUS",
+    "bool",
+    False,
+    read="at import",
+    python=False,
+    doc="`1` makes `import keras_mpfp16` call `keras_mpfp16.bind_gpus()`: each "
+    "local rank sees only its own GPU(s) through `CUDA_VISIBLE_DEVICES`, "
+    "before the backend initialises CUDA.",
+)
+
+
 # -- the reference page -----------------------------------------------------------
 
 

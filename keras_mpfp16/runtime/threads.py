@@ -41,6 +41,21 @@ def visible_cores() -> int:
         return os.cpu_count() or 1
 
 
+def node_cores() -> int:
+    """Cores this job may use on this node.
+
+    The machine's count, or under Slurm the CPUs the job was given here
+    (`SLURM_CPUS_ON_NODE`) when that is fewer: a job step's tasks that srun
+    did not bind each to their own cores all get the whole allocation as
+    their mask, and it is the allocation, not the machine, they share.
+    """
+    total = os.cpu_count() or 1
+    slurm = os.environ.get("SLURM_CPUS_ON_NODE", "").strip()
+    if slurm.isdigit() and 0 < int(slurm) < total:
+        return int(slurm)
+    return total
+
+
 def default_thread_counts(
     cores: int, total_cores: int, local_size: int
 ) -> tuple[int, int]:
@@ -48,19 +63,26 @@ def default_thread_counts(
 
     Args:
         cores: cores this process may run on (its affinity mask).
-        total_cores: cores in the node.
+        total_cores: cores the job may use on the node (`node_cores()`).
         local_size: ranks on this node.
 
     Returns:
-        The thread counts. A rank pinned to a subset of cores uses all of them;
-        an unpinned rank gets `total_cores // local_size` (at least 1). The
-        inter-op count is 2 (so the allreduce can overlap the backward pass)
-        unless the rank has a single core, where it is 1.
+        The thread counts. A rank whose mask may be its own (smaller than
+        the node, and `local_size` such masks fit in the node) uses all of
+        it. Otherwise the masks must overlap -- every rank unbound, or
+        several ranks given one mask (`srun` without per-task binding,
+        `mpirun --bind-to none` inside an allocation) -- and each rank gets
+        `min(cores, total_cores) // local_size` (at least 1). The inter-op
+        count is 2 (so the allreduce can overlap the backward pass) unless
+        the rank has a single core, where it is 1.
     """
     if local_size < 1:
         raise ValueError(f"local_size must be >= 1; received {local_size}.")
-    pinned = cores < total_cores
-    intra = cores if pinned else max(1, total_cores // local_size)
+    exclusive = cores < total_cores and cores * local_size <= total_cores
+    if exclusive:
+        intra = cores
+    else:
+        intra = min(cores, total_cores) // local_size
     intra = max(1, intra)
     return intra, SINGLE_CORE_INTER_OP if intra == 1 else DEFAULT_INTER_OP
 
@@ -91,7 +113,7 @@ def apply_thread_defaults() -> dict[str, str]:
         local = launcher_local_size()
         if local is None or local <= 1:
             return {}  # a lone process: the backend's own defaults are right
-        counts = default_thread_counts(visible_cores(), os.cpu_count() or 1, local)
+        counts = default_thread_counts(visible_cores(), node_cores(), local)
     if counts is None:
         return {}
     intra, inter = counts

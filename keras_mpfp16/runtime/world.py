@@ -6,10 +6,11 @@ mpi4py and can be used (and tested) on its own.
 
 from __future__ import annotations
 
-import os
 import threading
 from dataclasses import dataclass
 from typing import Any
+
+from keras_mpfp16.runtime import launcher
 
 _INSTALL_HINT = (
     "keras_mpfp16 needs mpi4py and an MPI library. On a machine without a system "
@@ -36,6 +37,7 @@ _lock = threading.Lock()
 
 
 def _import_mpi():
+    launcher.prepare_mpi_environment()  # before MPI_Init reads it
     try:
         from mpi4py import MPI
     except ImportError as exc:  # mpi4py missing, or its libmpi cannot be loaded
@@ -76,6 +78,8 @@ def init(comm: Any = None) -> None:
                 "`comm` must be an mpi4py intra-communicator such as "
                 f"MPI.COMM_WORLD; received {comm!r} of type {type(comm).__name__}."
             )
+        if _world is None:
+            _check_launcher(MPI)
         # A private duplicate keeps our collectives from matching messages the
         # user sends on the same communicator.
         private = comm.Dup()
@@ -89,6 +93,19 @@ def init(comm: Any = None) -> None:
         stall.start(private)
         rendezvous.start(private)
         failure.install_abort_on_exception(private.Get_rank(), private.Get_size())
+
+
+def _check_launcher(MPI) -> None:
+    """Stops a job whose MPI world is not the one the launcher started.
+
+    Local (no collective), so a process alone in a one-process world stops
+    as fast as a real world's ranks do.
+    """
+    try:
+        library = MPI.Get_library_version().strip().splitlines()[0].split(",")[0]
+    except Exception:  # an MPI without MPI-3's Get_library_version
+        library = ""
+    launcher.check_world_size(MPI.COMM_WORLD.Get_size(), library)
 
 
 def _free(world: _World) -> None:
@@ -163,23 +180,15 @@ def launched_size() -> int:
     """Processes in the job, without any collective call.
 
     `size()` once the library is initialised; before that, what the MPI
-    launcher announces in the environment, else 1. For decisions a single
-    rank takes alone (e.g. while one rank loads a model), where `size()`'s
-    first-use initialisation (a collective) could wait for ranks that are
-    not coming.
+    launcher announces in the environment (see `runtime.launcher`), else 1.
+    For decisions a single rank takes alone (e.g. while one rank loads a
+    model), where `size()`'s first-use initialisation (a collective) could
+    wait for ranks that are not coming.
     """
     if _world is not None:
         return _world.comm.Get_size()
-    for var in (
-        "OMPI_COMM_WORLD_SIZE",  # Open MPI
-        "PMI_SIZE",  # MPICH / Hydra, Intel MPI
-        "MV2_COMM_WORLD_SIZE",  # MVAPICH
-        "SLURM_NTASKS",  # srun
-    ):
-        value = os.environ.get(var, "").strip()
-        if value.isdigit() and int(value) > 0:
-            return int(value)
-    return 1
+    launch = launcher.detect()
+    return launch.size if launch is not None else 1
 
 
 def launcher_local_size() -> int | None:
@@ -188,14 +197,5 @@ def launcher_local_size() -> int | None:
     Read before MPI is initialised, so per-rank defaults (threads) can be set
     before a backend starts its thread pools.
     """
-    for var in (
-        "OMPI_COMM_WORLD_LOCAL_SIZE",  # Open MPI
-        "MPI_LOCALNRANKS",  # MPICH / Hydra
-        "MV2_COMM_WORLD_LOCAL_SIZE",  # MVAPICH
-        "PMI_LOCAL_SIZE",
-        "SLURM_NTASKS_PER_NODE",
-    ):
-        value = os.environ.get(var, "").split("(")[0].split(",")[0]
-        if value.isdigit() and int(value) > 0:
-            return int(value)
-    return None
+    launch = launcher.detect()
+    return launch.local_size if launch is not None else None

@@ -1,0 +1,136 @@
+"""One GPU per local rank: which devices, from the launcher's variables.
+
+The device choice (`select_devices`) and setting `CUDA_VISIBLE_DEVICES`
+(`bind`). Whether it comes too late - a framework has already set up its
+devices - is asked of the backend layer (`keras_mpfp16.backend.devices`,
+where the public `kmp.bind_gpus` lives): this module imports no framework.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from keras_mpfp16 import _validate
+from keras_mpfp16.runtime import env, launcher
+
+ENV_VAR = env.setting("BIND_GPUS").name  # registered in runtime.env
+
+
+def node_gpus() -> int:
+    """NVIDIA GPUs in this machine, from the driver (no CUDA initialisation)."""
+    try:
+        return len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return 0
+
+
+def parse_visible(value: str | None) -> list[str] | None:
+    """`CUDA_VISIBLE_DEVICES` as a list of entries (None when unset)."""
+    if value is None:
+        return None
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def select_devices(
+    local_rank: int,
+    local_size: int,
+    visible: list[str] | None,
+    gpus_in_node: int,
+    gpus_per_rank: int = 1,
+) -> list[str]:
+    """The devices local rank `local_rank` should see.
+
+    Args:
+        local_rank: The rank among the processes on this node.
+        local_size: Processes on this node.
+        visible: `CUDA_VISIBLE_DEVICES` as found (indices or UUIDs), or None
+            when unset.
+        gpus_in_node: GPUs the driver reports (used when `visible` is None).
+        gpus_per_rank: Devices each rank gets.
+
+    Returns:
+        The entries to put in `CUDA_VISIBLE_DEVICES`; `[]` when there is no
+        GPU. A process that already sees exactly `gpus_per_rank` devices
+        (the launcher bound it: `srun --gpus-per-task=1`) keeps them.
+
+    Raises:
+        ValueError: if the node has fewer GPUs than its ranks need.
+    """
+    if visible is not None and len(visible) == gpus_per_rank:
+        return list(visible)
+    pool = visible if visible is not None else [str(i) for i in range(gpus_in_node)]
+    if not pool:
+        return []
+    need = local_size * gpus_per_rank
+    if len(pool) < need:
+        shown = (
+            f"CUDA_VISIBLE_DEVICES={','.join(visible)}"
+            if visible is not None
+            else "found by the driver"
+        )
+        raise ValueError(
+            f"keras_mpfp16.bind_gpus: {local_size} ranks on this node with "
+            f"{gpus_per_rank} GPU(s) each need {need} GPUs, but {len(pool)} are "
+            f"visible ({shown}). Start at most {len(pool) // gpus_per_rank} ranks "
+            "per node, or set CUDA_VISIBLE_DEVICES per rank yourself."
+        )
+    start = local_rank * gpus_per_rank
+    return pool[start : start + gpus_per_rank]
+
+
+def _local_rank_and_size() -> tuple[int, int]:
+    launch = launcher.detect()
+    if launch is not None and launch.local_rank is not None and launch.local_size:
+        return launch.local_rank, launch.local_size
+    if launch is None:
+        return 0, 1  # a process started alone
+    # A launcher that does not announce local ranks: ask MPI.
+    from keras_mpfp16.runtime import world
+
+    return world.local_rank(), world.local_size()
+
+
+def bind(
+    gpus_per_rank: int, framework_initialized: Callable[[], str | None]
+) -> list[str]:
+    """Sets `CUDA_VISIBLE_DEVICES` for this local rank (see `kmp.bind_gpus`).
+
+    Args:
+        gpus_per_rank: Devices per rank.
+        framework_initialized: Returns the name of a framework that has
+            already set up its devices, or None; supplied by the backend
+            layer (this module imports no framework).
+
+    Returns:
+        The devices now in `CUDA_VISIBLE_DEVICES` (`[]` without GPUs).
+    """
+    gpus_per_rank = _validate.positive_int("gpus_per_rank", gpus_per_rank)
+    local_rank, local_size = _local_rank_and_size()
+    current = os.environ.get("CUDA_VISIBLE_DEVICES")
+    wanted = select_devices(
+        local_rank, local_size, parse_visible(current), node_gpus(), gpus_per_rank
+    )
+    if not wanted:
+        return []
+    value = ",".join(wanted)
+    if value == current:
+        return wanted
+    late = framework_initialized()
+    if late is not None:
+        raise RuntimeError(
+            f"keras_mpfp16.bind_gpus() came too late: {late} has already "
+            "initialised its devices, so CUDA_VISIBLE_DEVICES (now "
+            f"{current!r}, wanted {value!r} for local rank {local_rank}) would "
+            "have no effect. Call kmp.bind_gpus() right after `import "
+            "keras_mpfp16`, before any tensor operation, device query or model; "
+            f"or set {ENV_VAR}=1; or let the launcher bind "
+            "(`srun --gpus-per-task=1`)."
+        )
+    os.environ["CUDA_VISIBLE_DEVICES"] = value
+    return wanted
+
+
+def bind_requested() -> bool:
+    """`KERAS_MPFP16_BIND_GPUS=1`: `import keras_mpfp16` calls `bind_gpus()`."""
+    return env.get("BIND_GPUS")

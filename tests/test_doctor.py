@@ -1,0 +1,140 @@
+"""`python -m keras_mpfp16 doctor`: alone, under mpirun at 2 and 3 ranks (srun
+in tests/test_slurm.py), and what makes it fail."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from mpi_launch import run_mpi
+
+from keras_mpfp16 import doctor
+
+
+def report_of(stdout: str) -> dict:
+    lines = [line for line in stdout.splitlines() if line.startswith('{"info"')]
+    assert len(lines) == 1, stdout[-3000:]  # printed once, by rank 0
+    return json.loads(lines[0])
+
+
+def _alone(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("OMPI_", "PMI", "SLURM_", "MV2_", "JSM_"))
+    }
+    clean.update({"TF_CPP_MIN_LOG_LEVEL": "3", **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "keras_mpfp16", "doctor", *args],
+        capture_output=True,
+        text=True,
+        env=clean,
+        timeout=240,
+    )
+
+
+def test_doctor_alone_reports_versions_and_ok():
+    proc = _alone("--json", "--large-mb", "1")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = report_of(proc.stdout)
+    info = report["info"]
+    assert report["ok"] and not report["problems"]
+    for key in ("keras_mpfp16", "keras", "tensorflow", "mpi4py", "mpi_library"):
+        assert info[key] and info[key] != "not installed", (key, info)
+    assert info["thread_level"] == "MULTIPLE"
+    assert info["mpi_world_size"] == 1
+    assert info["allreduce_large_bytes"] == 1 << 20
+    assert len(report["ranks"]) == 1
+    assert report["ranks"][0]["cpus"] == sorted(os.sched_getaffinity(0))
+    # The text form says the same, with a verdict line.
+    text = _alone("--large-mb", "1")
+    assert text.returncode == 0 and "verdict: OK" in text.stdout, text.stdout
+
+
+def test_doctor_flags_a_thread_level_below_multiple():
+    proc = _alone(
+        "--json", "--large-mb", "1", env={"MPI4PY_RC_THREAD_LEVEL": "serialized"}
+    )
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (problem,) = report_of(proc.stdout)["problems"]
+    assert "SERIALIZED, below MULTIPLE" in problem["what"]
+
+
+def test_doctor_flags_a_launcher_mismatch():
+    proc = _alone("--large-mb", "1", env={"SLURM_STEP_NUM_TASKS": "2"})
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "the MPI world has 1 process, but srun started 2" in proc.stdout
+    assert "srun --mpi=pmix" in proc.stdout
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_doctor_under_mpirun(np_):
+    result = run_mpi(np_, "doctor_main.py", "--json", "--large-mb", "4", timeout=300)
+    report = report_of(result.stdout)
+    ranks = report["ranks"]
+    assert [r["rank"] for r in ranks] == list(range(np_))
+    assert {r["local_size"] for r in ranks} == {np_}
+    assert report["info"]["mpi_world_size"] == np_
+    assert "Open MPI's mpirun" in report["info"]["launcher"]
+    # Unbound ranks (--bind-to none) share every core: each gets
+    # cores // np_ intra-op threads, at least 1 -- oversubscribed only when
+    # there are fewer cores than ranks.
+    cores = len(os.sched_getaffinity(0))
+    assert {r["threads"]["TF_NUM_INTRAOP_THREADS"] for r in ranks} == {
+        str(max(1, cores // np_))
+    }
+    oversubscribed = cores < np_
+    assert report["ok"] is (not oversubscribed), report["problems"]
+    assert result.returncode == (1 if oversubscribed else 0), result.describe()
+    if oversubscribed:
+        assert "oversubscribed" in report["problems"][0]["what"]
+
+
+def test_doctor_flags_oversubscribed_threads_under_mpirun():
+    result = run_mpi(
+        2,
+        "doctor_main.py",
+        "--large-mb",
+        "1",
+        env={"KERAS_MPFP16_THREADS": "256,2"},
+        timeout=300,
+    )
+    assert result.returncode == 1, result.describe()
+    assert result.stdout.count("verdict:") == 1
+    assert "run 512 compute threads (256+256): oversubscribed" in result.stdout
+    assert "KERAS_MPFP16_THREADS" in result.stdout
+
+
+def test_check_sharing_rules():
+    def row(rank, host, cpus, intra, gpus=0, visible=None):
+        return {
+            "rank": rank,
+            "host": host,
+            "cpus": cpus,
+            "gpus": gpus,
+            "cuda_visible_devices": visible,
+            "threads": {"TF_NUM_INTRAOP_THREADS": str(intra)},
+        }
+
+    ok = doctor.Report()
+    # Disjoint masks, or one rank per host: fine.
+    doctor.check_sharing(
+        [row(0, "a", [0, 1], 2), row(1, "a", [2, 3], 2), row(2, "b", [0, 1], 2)], ok
+    )
+    assert not ok.problems
+    bad = doctor.Report()
+    doctor.check_sharing(
+        [
+            row(0, "a", [0, 1, 2, 3], 4, gpus=2),
+            row(1, "a", [0, 1, 2, 3], 4, gpus=2),
+        ],
+        bad,
+    )
+    assert len(bad.problems) == 2
+    assert "ranks 0, 1 share cores 0-3 (4 cores) and run 8" in bad.problems[0][0]
+    assert "see GPUs all" in bad.problems[1][0]
+    assert "kmp.bind_gpus()" in bad.problems[1][1]
+    assert doctor.cpu_ranges([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
