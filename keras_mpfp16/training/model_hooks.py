@@ -36,7 +36,7 @@ from keras_mpfp16.callbacks.global_metrics import GlobalMetrics
 from keras_mpfp16.callbacks.rank_output import quiet_non_root_ranks
 from keras_mpfp16.internals import keras as keras_internals
 from keras_mpfp16.optimizer import DistributedOptimizer
-from keras_mpfp16.runtime import rendezvous
+from keras_mpfp16.runtime import rendezvous, world
 from keras_mpfp16.training import run
 
 AUTOTUNE_ENV = "KERAS_MPFP16_TFDATA_AUTOTUNE"
@@ -88,7 +88,20 @@ def _wrap_evaluate(original):
             return original(self, *args, **kwargs)
         with _input_pipelines():
             # Validation inside a collective fit: already split and global.
-            if kwargs.get("_use_cached_eval_dataset") or runtime.size() == 1:
+            # One process, or MPI not initialised yet: Keras's evaluate. Not
+            # initialised means no rank has called fit, shard or any other
+            # collective, so this evaluate may be the only MPI-aware call on
+            # this rank (e.g. one rank evaluating a model it loaded):
+            # initialising here (a collective) could wait for ranks that
+            # never come. Every rank alone then computes what one process
+            # computes on its data (the same data on every rank: the same
+            # numbers as together, see `data.split`).
+            if (
+                kwargs.get("_use_cached_eval_dataset")
+                or world.launched_size() == 1
+                or not runtime.is_initialized()
+                or runtime.size() == 1
+            ):
                 return original(self, *args, **kwargs)
             verdict = rendezvous.enter("evaluate")
             arguments = _bind(original, (self, *args), kwargs)
