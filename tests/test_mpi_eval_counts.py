@@ -71,3 +71,21 @@ def test_count_metrics_are_the_one_process_counts(np_, tmp_path):
     # waited for its report outside MPI) with the one-process numbers.
     lone = recs[0]["results"]["lone"]
     _same(lone["evaluate"], lone["ref"], "lone evaluate before MPI init")
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_infinite_wait_meets_without_a_clock(np_):
+    """KERAS_MPFP16_EVALUATE_WAIT=inf: ranks 3 s apart still meet; a rank
+    whose peers have finished is alone at once."""
+    result = run_mpi(
+        np_,
+        "rendezvous_wait.py",
+        "3",
+        timeout=200,
+        env={"KERAS_MPFP16_EVALUATE_WAIT": "inf"},
+    )
+    assert result.returncode == 0, result.describe()
+    (rec,) = result.records()
+    assert rec["first_together"] is True, rec
+    assert rec["second_together"] is False, rec
+    assert rec["second_seconds"] < 30, rec

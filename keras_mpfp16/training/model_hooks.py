@@ -1,6 +1,6 @@
 """The two entry points: `keras.Model.fit` and `keras.Model.evaluate`.
 
-`install()` (run by `import keras_mpfp16`) wraps these methods of
+`install()` (run by `import keras_mpfp16`) wraps both methods of
 `keras.Model`, once. For a model whose optimizer is not a
 `DistributedOptimizer` the wrappers call Keras's method unchanged. For one
 that is:
@@ -12,9 +12,9 @@ that is:
   them called it. Together: `run_evaluate` splits the batches over the
   ranks and returns the global metrics on every rank. Alone (e.g. rank 0
   evaluating a model it loaded): Keras's evaluate, no collective.
-- `compile`, `fit`, `evaluate` refuse a model that another distribution
-  engine (a `tf.distribute` strategy, a `keras.distribution`) would also
-  distribute (`training.engines`).
+- `fit` and `evaluate` refuse a model that another distribution engine (a
+  `tf.distribute` strategy, a `keras.distribution`) would also distribute
+  (`optimizer.engines`; the optimizer's constructor refuses a scope too).
 - `predict` is not wrapped: each rank predicts its own input, as in Keras
   (`keras_mpfp16.split_predict` splits one input over the ranks).
 
@@ -38,12 +38,13 @@ from keras_mpfp16 import runtime
 from keras_mpfp16.callbacks.global_metrics import GlobalMetrics
 from keras_mpfp16.callbacks.rank_output import quiet_non_root_ranks
 from keras_mpfp16.internals import keras as keras_internals
-from keras_mpfp16.optimizer import DistributedOptimizer
+from keras_mpfp16.optimizer import DistributedOptimizer, engines
 from keras_mpfp16.runtime import rendezvous, world
-from keras_mpfp16.training import engines, run
+from keras_mpfp16.training import run
 
 AUTOTUNE_ENV = "KERAS_MPFP16_TFDATA_AUTOTUNE"
 _MARK = "_keras_mpfp16_hook"
+_REFUSED = "{}() of a model compiled with a DistributedOptimizer"
 
 
 def uses_distributed_optimizer(model) -> bool:
@@ -74,7 +75,7 @@ def _wrap_fit(original):
     def fit(self, *args, **kwargs):
         if not uses_distributed_optimizer(self):
             return original(self, *args, **kwargs)
-        engines.check_no_other_engine(self, "fit")
+        engines.check_no_other_engine(self, _REFUSED.format("fit"))
         with _input_pipelines():
             if runtime.size() == 1:
                 return original(self, *args, **kwargs)
@@ -91,7 +92,7 @@ def _wrap_evaluate(original):
         if not uses_distributed_optimizer(self):
             return original(self, *args, **kwargs)
         if not kwargs.get("_use_cached_eval_dataset"):
-            engines.check_no_other_engine(self, "evaluate")
+            engines.check_no_other_engine(self, _REFUSED.format("evaluate"))
         with _input_pipelines():
             # Validation inside a collective fit: already split and global.
             # One process, or MPI not initialised yet: Keras's evaluate. Not
@@ -123,18 +124,6 @@ def _wrap_evaluate(original):
     return evaluate
 
 
-def _wrap_compile(original):
-    @functools.wraps(original)
-    def compile(self, *args, **kwargs):
-        result = original(self, *args, **kwargs)
-        if uses_distributed_optimizer(self):
-            engines.check_no_other_engine(self, "compile")
-        return result
-
-    setattr(compile, _MARK, True)
-    return compile
-
-
 def _without_global_metrics(callbacks):
     if not callbacks or isinstance(callbacks, keras.callbacks.CallbackList):
         return callbacks
@@ -150,12 +139,8 @@ def _without_global_metrics(callbacks):
 
 
 def install() -> None:
-    """Wraps `keras.Model.compile`, `fit` and `evaluate` (idempotent)."""
-    for name, wrap in (
-        ("compile", _wrap_compile),
-        ("fit", _wrap_fit),
-        ("evaluate", _wrap_evaluate),
-    ):
+    """Wraps `keras.Model.fit` and `keras.Model.evaluate` (idempotent)."""
+    for name, wrap in (("fit", _wrap_fit), ("evaluate", _wrap_evaluate)):
         original = getattr(keras.Model, name)
         if getattr(original, _MARK, False):
             continue
