@@ -22,6 +22,7 @@ KINDS = (
     "generator",
     "tiny-numpy",
     "tiny-unknown",
+    "tiny-PyDataset",
 )
 
 
@@ -56,12 +57,13 @@ def test_count_metrics_are_the_one_process_counts(np_, tmp_path):
             got, ref = res[kind], res[kind]["ref"]
             _same(got["fit"], ref["logs"], f"{kind} fit val_ ({where})")
             assert got["fit_auc_counts"] == ref["auc_counts"], (kind, where)
-        # Together, then rank 0 arriving after the others waited: the same
+        # On time, then rank 0 arriving after the others waited: the same
         # numbers, the one-process numbers; the second time the ranks did
-        # evaluate alone (rank 0 is told so).
+        # evaluate alone (rank 0 is told so). (Not asserted: that the first
+        # was together - on a loaded machine ranks may arrive 0.5 s apart
+        # after a barrier, which is the point: the numbers do not change.)
         for kind, timing in res["timing"].items():
             together, late = timing["runs"]
-            assert not together["notes"], (kind, where, together["notes"])
             _same(together["logs"], timing["ref"]["logs"], f"{kind} together")
             _same(late["logs"], together["logs"], f"{kind} late ({where})")
             assert late["counts"] == together["counts"] == timing["ref"]["auc_counts"]

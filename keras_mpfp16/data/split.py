@@ -239,8 +239,16 @@ def split_for_evaluation(
         return EvaluationPart(dataset.shard(n, r), None, None, None, "split")
     if isinstance(x, keras.utils.PyDataset):
         # This rank's batches among the first `total` (all, if infinite).
-        part = ShardedPyDataset(x, r, n, drop_remainder=False)
         mine = None if total is None else len(range(r, total, n))
+        if mine == 0:
+            # Keras refuses a PyDataset of length 0: no rows of the same
+            # structure instead (a rank without a batch, fewer than N).
+            empty = [
+                None if part is None else _map_rows(part, slice(0, 0))
+                for part in keras.utils.unpack_x_y_sample_weight(x[0])
+            ]
+            return EvaluationPart(*empty, None, "split")
+        part = ShardedPyDataset(x, r, n, drop_remainder=False)
         return EvaluationPart(part, None, None, mine, "split")
     return EvaluationPart(x, y, sample_weight, steps, "own")
 

@@ -159,6 +159,7 @@ kinds = {
     "generator": (lambda: generator(xv, yv), (xv, yv)),
     "tiny-numpy": (lambda: (xt, yt), (xt, yt)),
     "tiny-unknown": (lambda: unknown(xt, yt), (xt, yt)),
+    "tiny-PyDataset": (lambda: Batches(xt, yt, BATCH), (xt, yt)),
 }
 
 xs, ys = kmp.shard(x, y, batch_size=BATCH)
