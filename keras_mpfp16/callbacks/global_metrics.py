@@ -126,9 +126,7 @@ class MetricReduction:
             own = own.__self__._own_get_metrics_result
         self._own_get_metrics_result = own
         model.get_metrics_result = self._get_metrics_result
-        keras_internals.override_metrics_result_or_logs(
-            model, self._get_metrics_result_or_logs
-        )
+        keras_internals.override_metrics_result_or_logs(model, self._result_or_logs)
         self._installed = True
 
     def uninstall(self, owner: object) -> None:
@@ -244,7 +242,7 @@ class MetricReduction:
             self._finish_evaluation()
         return self._original_get_metrics_result()
 
-    def _get_metrics_result_or_logs(self, logs):
+    def _result_or_logs(self, logs):
         # Keras returns the step logs as they are when they do not hold every
         # metric - in particular `{}` on a rank that had no batch to evaluate
         # (fewer batches than ranks). Its metric state is the global state
