@@ -66,7 +66,8 @@ _PRIVATE = re.compile(
     r"keras\.src\b|tensorflow\.python\b|"
     r"\._(learning_rate|trainable_variables|get_variable_index|"
     r"overwrite_variable_with_gradient|get_file_path|should_save_model|"
-    r"maybe_config_dropout_masks|maybe_reset_dropout_masks|expected_batch_size)\b|"
+    r"maybe_config_dropout_masks|maybe_reset_dropout_masks|expected_batch_size|"
+    r"get_metrics_result_or_logs)\b|"
     r"\bmodel_supports_jit\b|keras\.optimizers\.Optimizer\.build\b"
 )
 _PENDING_MIGRATION: dict[str, set[str]] = {}

@@ -259,3 +259,27 @@ def test_timeline_records_each_collective_only_while_on():
     name, thread, start, end = events[0]
     assert thread == threading.get_ident() and end - start >= 0.01
     assert stall.timeline() == []
+
+
+def test_different_collectives_while_a_rank_computes_are_no_conflict(monkeypatch):
+    # Rank 0, a broadcast's root, is already in the next collective; rank 2
+    # waits for the broadcast's data relayed by rank 1, which is still
+    # computing (issue 19: an evaluate rank 1 ran alone under load). Rank 1's
+    # arrival completes it, so nothing may be declared.
+    insp = _insp(size=3)
+    now = time.time()
+    insp.table = {
+        0: ("wait", 244, "model signature check", now, None),
+        2: ("wait", 242, "broadcast (header)", now, None),
+    }
+    failures = []
+    monkeypatch.setattr(insp, "_fail", failures.append)
+    clock = [100.0]
+    monkeypatch.setattr(stall.time, "monotonic", lambda: clock[0])
+    for _ in range(3):
+        insp._check()
+        clock[0] += stall._CONFLICT_GRACE + 0.1
+    assert not failures, failures
+    # Once rank 1 waits too (in yet another collective), it is a conflict.
+    insp.table[1] = ("wait", 250, "barrier", now, None)
+    assert "different collectives" in _conflict_message(insp, monkeypatch)

@@ -203,3 +203,20 @@ def after(dependencies, values: list) -> list:
         return list(values)
     with tf.control_dependencies(deps):
         return [tf.identity(v) for v in values]
+
+
+def distribution_strategy(model) -> str | None:
+    """The `tf.distribute` strategy `model` would run under, if not the default.
+
+    A strategy scope entered now, or the one `model` was built under (Keras
+    keeps it and runs every step under it).
+
+    Returns:
+        The strategy's class name (e.g. `"MirroredStrategy"`), or None.
+    """
+    if tf.distribute.has_strategy():
+        return type(tf.distribute.get_strategy()).__name__
+    strategy = getattr(model, "distribute_strategy", None)
+    if strategy is not None and strategy is not tf.distribute.get_strategy():
+        return type(strategy).__name__
+    return None

@@ -46,6 +46,7 @@ from keras import ops
 from keras_mpfp16 import backend as backends
 from keras_mpfp16 import runtime
 from keras_mpfp16.callbacks import step_hooks
+from keras_mpfp16.internals import keras as keras_internals
 from keras_mpfp16.runtime import progress
 
 # Outermost of the step hooks, so logs added by inner hooks (the learning
@@ -105,6 +106,7 @@ class MetricReduction:
         self.finish_pending = False
         self._in_step = False
         self._own_get_metrics_result = None
+        self._host_active = True  # the host's copy of `active`
         self._installed = False
 
     # -- installation -------------------------------------------------------------
@@ -124,6 +126,7 @@ class MetricReduction:
             own = own.__self__._own_get_metrics_result
         self._own_get_metrics_result = own
         model.get_metrics_result = self._get_metrics_result
+        keras_internals.override_metrics_result_or_logs(model, self._result_or_logs)
         self._installed = True
 
     def uninstall(self, owner: object) -> None:
@@ -136,10 +139,12 @@ class MetricReduction:
                 model.get_metrics_result = self._own_get_metrics_result
             else:
                 del model.get_metrics_result
+        keras_internals.override_metrics_result_or_logs(model, None)
         self._own_get_metrics_result = None
         self._installed = False
 
     def set_active(self, active: bool) -> None:
+        self._host_active = bool(active)
         self.active.assign(1 if active else 0)
 
     # -- the in-step reduction -----------------------------------------------------
@@ -236,6 +241,16 @@ class MetricReduction:
             self.finish_pending = False
             self._finish_evaluation()
         return self._original_get_metrics_result()
+
+    def _result_or_logs(self, logs):
+        # Keras returns the step logs as they are when they do not hold every
+        # metric - in particular `{}` on a rank that had no batch to evaluate
+        # (fewer batches than ranks). Its metric state is the global state
+        # all the same (`_finish_evaluation`): return it, as on the others.
+        result = keras_internals.original_metrics_result_or_logs(self.model, logs)
+        if not logs and self._host_active:
+            return self.model.get_metrics_result()
+        return result
 
     def _finish_evaluation(self):
         """Joins the test-step reductions with zeros until every rank is done.

@@ -13,19 +13,26 @@ two apart:
 - different data on different ranks: each rank evaluates what it was given
   and the summed metric states describe the union.
 
-Only inputs whose batches can be dealt are split: arrays (and nested
-structures of them), `tf.data.Dataset`s of known length and
-`keras.utils.PyDataset`s of known length, when there are at least as many
-batches as ranks (so no rank is left without one). Anything else (a Python
-generator, a dataset of unknown length, a set smaller than N batches) is
-evaluated whole on every rank: the summed states then count every sample N
-times, which leaves means, accuracies, AUC and every ratio-type metric
-unchanged, only without the speed-up.
+Every input whose batches can be numbered is dealt this way: arrays (and
+nested structures of them), `tf.data.Dataset`s of known or unknown length
+(`dataset.shard(N, r)`: every rank iterates the pipeline and keeps its
+batches), `keras.utils.PyDataset`s and Python generators (every rank runs
+the generator and keeps its batches). A rank may end with fewer batches than
+another, or none at all (fewer batches than ranks): it joins the other
+ranks' reductions with zeros until they are done (`MetricReduction`), so
+the summed states are still the one-process states over the whole set.
+
+Only inputs that cannot be fingerprinted (anything else, e.g. a torch
+`DataLoader`) are taken as each rank's own data. A generator or a dataset
+whose *first* batch differs between ranks is taken as each rank's own data
+too (e.g. shuffled without a common seed): each rank's batches count once.
 """
 
 from __future__ import annotations
 
+import itertools
 import sys
+import types
 import zlib
 from dataclasses import dataclass
 from typing import Any
@@ -34,8 +41,8 @@ import keras
 import numpy as np
 
 from keras_mpfp16 import runtime
+from keras_mpfp16.data.arithmetic import shard_indices
 from keras_mpfp16.data.py_dataset import ShardedPyDataset
-from keras_mpfp16.data.shard import shard
 
 KERAS_DEFAULT_BATCH = 32  # Keras's batch_size when None is given for arrays
 # Arrays above this many bytes are fingerprinted from evenly spaced rows.
@@ -50,8 +57,8 @@ class EvaluationPart:
         x, y, sample_weight: What to pass to Keras (`y`/`sample_weight` None
             for datasets).
         steps: `steps` to pass to Keras (None: until the data ends).
-        how: `"split"` (batches dealt over ranks), `"own"` (each rank's own
-            data) or `"whole"` (the same data evaluated whole on every rank).
+        how: `"split"` (batches dealt over ranks) or `"own"` (each rank's
+            own data).
     """
 
     x: Any
@@ -118,8 +125,12 @@ def fingerprint(x: Any, y: Any = None, sample_weight: Any = None) -> tuple:
 
     Arrays: shapes, dtypes and a CRC-32 of their bytes (of evenly spaced rows
     beyond 64 MiB). Datasets: their length, element structure and a CRC of the
-    first element. Other inputs: their type and the rank (never equal).
+    first element. Generators: a CRC of their first element (pass a
+    `_Peeked` generator, see `_peek`). Other inputs: their type and the rank
+    (never equal).
     """
+    if isinstance(x, _Peeked):
+        return ("generator", _first_element_crc(x.first))
     if _array_like(x):
         return _fingerprint_arrays(x, y, sample_weight)
     if _is_tf_dataset(x):
@@ -130,6 +141,34 @@ def fingerprint(x: Any, y: Any = None, sample_weight: Any = None) -> tuple:
         first = _first_element_crc([x[0]]) if n else 0
         return ("PyDataset", n, first)
     return ("other", type(x).__name__, runtime.rank())
+
+
+class _Peeked:
+    """A generator whose first element was read (to fingerprint it)."""
+
+    def __init__(self, first: list, rest):
+        self.first = first  # [] when the generator was empty
+        self.rest = rest
+
+    def batches(self, limit: int | None):
+        """A generator of all the batches (at most `limit`), first included."""
+        return _generate(
+            itertools.islice(itertools.chain(self.first, self.rest), limit)
+        )
+
+    def dealt(self, rank: int, num_ranks: int, limit: int | None):
+        """A generator of this rank's batches: those numbered `rank (mod N)`."""
+        everything = itertools.islice(itertools.chain(self.first, self.rest), limit)
+        return _generate(b for i, b in enumerate(everything) if i % num_ranks == rank)
+
+
+def _generate(iterable):
+    # Keras takes `types.GeneratorType`, not any iterator.
+    yield from iterable
+
+
+def _peek(generator) -> _Peeked:
+    return _Peeked(list(itertools.islice(generator, 1)), generator)
 
 
 def _known_batches(x: Any, batch_size: int, steps: int | None) -> int | None:
@@ -168,39 +207,56 @@ def split_for_evaluation(
         An `EvaluationPart`.
     """
     batch_size = batch_size or KERAS_DEFAULT_BATCH
+    if isinstance(x, types.GeneratorType):
+        x = _peek(x)
     prints = runtime.allgather_object(
         fingerprint(x, y, sample_weight), name="evaluation data fingerprint"
     )
     n, r = runtime.size(), runtime.rank()
     if any(p != prints[0] for p in prints):
+        if isinstance(x, _Peeked):
+            x = x.batches(steps)
         return EvaluationPart(x, y, sample_weight, steps, "own")
+    if isinstance(x, _Peeked):
+        return EvaluationPart(x.dealt(r, n, steps), None, None, None, "split")
     total = _known_batches(x, batch_size, steps)
-    if total is None or total < n:
-        return EvaluationPart(x, y, sample_weight, steps, "whole")
     if _array_like(x):
         rows = min(_num_rows(x), total * batch_size)
         arrays = [a for a in (x, y, sample_weight) if a is not None]
-        arrays = [_take_rows(a, rows) for a in arrays]
-        parts = shard(
-            *arrays,
-            batch_size=batch_size,
-            drop_remainder=False,
-            rank=r,
-            num_ranks=n,
-        )
-        parts = list(parts) if len(arrays) > 1 else [parts]
+        # Batches dealt round-robin, as `shard` deals them; a rank may get
+        # none (fewer batches than ranks).
+        index = shard_indices(rows, r, n, batch_size=batch_size, drop_remainder=False)
+        parts = [_map_rows(a, index) for a in arrays]
         out = iter(parts)
         xs = next(out)
         ys = next(out) if y is not None else None
         sws = next(out) if sample_weight is not None else None
         return EvaluationPart(xs, ys, sws, None, "split")
     if _is_tf_dataset(x):
-        return EvaluationPart(x.take(total).shard(n, r), None, None, None, "split")
-    # PyDataset: this rank's batches among the first `total`.
-    part = ShardedPyDataset(x, r, n, drop_remainder=False)
-    mine = len(range(r, total, n))
-    return EvaluationPart(part, None, None, mine, "split")
+        # Unknown length too: every rank iterates the pipeline and keeps
+        # every N-th element (a rank may end up with one batch fewer, or none).
+        dataset = x if total is None else x.take(total)
+        return EvaluationPart(dataset.shard(n, r), None, None, None, "split")
+    if isinstance(x, keras.utils.PyDataset):
+        # This rank's batches among the first `total` (all, if infinite).
+        mine = None if total is None else len(range(r, total, n))
+        if mine == 0:
+            # Keras refuses a PyDataset of length 0: no rows of the same
+            # structure instead (a rank without a batch, fewer than N).
+            empty = [
+                None if part is None else _map_rows(part, slice(0, 0))
+                for part in keras.utils.unpack_x_y_sample_weight(x[0])
+            ]
+            return EvaluationPart(*empty, None, "split")
+        part = ShardedPyDataset(x, r, n, drop_remainder=False)
+        return EvaluationPart(part, None, None, mine, "split")
+    return EvaluationPart(x, y, sample_weight, steps, "own")
 
 
-def _take_rows(structure: Any, rows: int) -> Any:
-    return keras.tree.map_structure(lambda leaf: leaf[:rows], structure)
+def _map_rows(structure: Any, index) -> Any:
+    def take(leaf):
+        if hasattr(leaf, "iloc"):  # pandas: positional rows, not column labels
+            return leaf.iloc[index]
+        return leaf[index]
+
+    return keras.tree.map_structure(take, structure)

@@ -419,6 +419,66 @@ def set_initial_epoch(model: keras.Model, epoch: int | None) -> None:
     model._initial_epoch = epoch
 
 
+METRICS_RESULT_OR_LOGS = _register(
+    "keras.metrics_result_or_logs",
+    "keras.Model._get_metrics_result_or_logs (overridden on the instance)",
+    "a rank left without evaluation batches (fewer batches than ranks) "
+    "returns the global metrics like the others, not `{}`",
+)
+_check_signature(
+    METRICS_RESULT_OR_LOGS,
+    getattr(keras.Model, "_get_metrics_result_or_logs", None),
+    ("logs",),
+)
+
+
+def override_metrics_result_or_logs(model: keras.Model, fn: Callable | None) -> None:
+    """Makes `model`'s end-of-epoch/evaluation log choice call `fn(logs)`.
+
+    `fn(logs)` replaces Keras's `_get_metrics_result_or_logs(logs)` on this
+    instance (`original_metrics_result_or_logs` calls Keras's own); None
+    removes the override.
+    """
+    if not hasattr(model, "_get_metrics_result_or_logs"):
+        raise _error(
+            METRICS_RESULT_OR_LOGS,
+            f"{type(model).__name__} has no `_get_metrics_result_or_logs`",
+        )
+    if fn is None:
+        model.__dict__.pop("_get_metrics_result_or_logs", None)
+    else:
+        model._get_metrics_result_or_logs = fn
+
+
+def original_metrics_result_or_logs(model: keras.Model, logs: Any) -> Any:
+    """Keras's own `_get_metrics_result_or_logs(logs)` for `model`."""
+    return type(model)._get_metrics_result_or_logs(model, logs)
+
+
+TRAIN_VALIDATION_SPLIT = _register(
+    "keras.train_validation_split",
+    "keras.src.trainers.data_adapters.array_slicing.train_validation_split",
+    "fit(validation_split=...) under mpirun: the validation tail is split over "
+    "the ranks like validation_data (not evaluated whole on every rank)",
+)
+_train_validation_split = _resolve(
+    TRAIN_VALIDATION_SPLIT,
+    "keras.src.trainers.data_adapters.array_slicing",
+    "train_validation_split",
+)
+
+
+def train_validation_split(arrays: tuple, validation_split: float) -> tuple:
+    """Keras's own split of `(x, y, sample_weight)` for `fit(validation_split=)`.
+
+    Returns:
+        `(train_arrays, validation_arrays)`, exactly as `fit` makes them.
+    """
+    if _train_validation_split is None:
+        raise _error(TRAIN_VALIDATION_SPLIT, "it is not defined")
+    return _train_validation_split(arrays, validation_split=validation_split)
+
+
 BACKUP_PATHS = _register(
     "keras.backup_paths",
     "keras.callbacks.BackupAndRestore._weights_path / _training_metadata_path",
@@ -696,6 +756,33 @@ def _probe_backup_paths() -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
+def _probe_metrics_result_or_logs() -> None:
+    model = _tiny_model()
+    model.compile(optimizer="sgd", loss="mse")
+    calls = []
+
+    def fn(logs):
+        calls.append(logs)
+        return original_metrics_result_or_logs(model, logs)
+
+    override_metrics_result_or_logs(model, fn)
+    import numpy as np
+
+    model.evaluate(np.zeros((2, 2), "float32"), np.zeros((2, 1)), verbose=0)
+    override_metrics_result_or_logs(model, None)
+    if not calls:
+        raise AssertionError("evaluate did not call _get_metrics_result_or_logs")
+
+
+def _probe_train_validation_split() -> None:
+    import numpy as np
+
+    x = np.arange(8.0)
+    (train, _, _), (val, _, _) = train_validation_split((x, None, None), 0.25)
+    if not (np.array_equal(train, x[:6]) and np.array_equal(val, x[6:])):
+        raise AssertionError(f"unexpected split {train!r} / {val!r}")
+
+
 def _probe_array_datasets() -> None:
     if keras.backend.backend() != "tensorflow":
         return
@@ -743,6 +830,8 @@ _PROBES = {
     INITIAL_EPOCH.accessor: _probe_initial_epoch,
     BACKUP_PATHS.accessor: _probe_backup_paths,
     ARRAY_DATASET.accessor: _probe_array_datasets,
+    METRICS_RESULT_OR_LOGS.accessor: _probe_metrics_result_or_logs,
+    TRAIN_VALIDATION_SPLIT.accessor: _probe_train_validation_split,
 }
 
 
@@ -780,9 +869,12 @@ __all__ = [
     "get_learning_rate_slot",
     "optimizer_trainable_variables",
     "optimizer_variable_index",
+    "original_metrics_result_or_logs",
+    "override_metrics_result_or_logs",
     "read_uncast",
     "reset_step_functions",
     "rnn_loop",
     "set_learning_rate_slot",
+    "train_validation_split",
     "wrap_model_supports_jit",
 ]

@@ -11,6 +11,7 @@ from keras_mpfp16 import _validate, runtime
 from keras_mpfp16 import backend as backends
 from keras_mpfp16.internals import keras as keras_internals
 from keras_mpfp16.optimizer.buckets import DEFAULT_BUCKET_MB
+from keras_mpfp16.optimizer.engines import check_no_other_engine
 from keras_mpfp16.optimizer.loss_scale import (
     LossScaleConfig,
     LossScaleState,
@@ -139,6 +140,9 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         non_trainable_sync: str = "step",
         name: str | None = None,
     ):
+        # In a tf.distribute scope or with a keras.distribution set, every
+        # replica would make its own MPI calls: refuse before anything else.
+        check_no_other_engine(None, "keras_mpfp16.DistributedOptimizer created")
         inner = _resolve_optimizer(optimizer)
         if isinstance(inner, keras.optimizers.LossScaleOptimizer):
             if initial_scale is None:

@@ -445,7 +445,12 @@ class Inspector:
                 f"collective. Cause: {self._cause_finished(waiting, finished)}"
                 f"\n  {everyone}"
             )
-        elif len(calls) > 1:
+        elif len(calls) > 1 and len(waiting) == self.size:
+            # Only when no rank is still computing: ranks are legitimately in
+            # different collectives while one computes, e.g. a broadcast's
+            # root (done as soon as it has sent) is already in the next
+            # collective while the others wait for data relayed by a rank
+            # that is still busy. That rank's arrival completes theirs.
             conflict = (
                 "ranks wait in different collectives, which can never match. "
                 f"Cause: {self._cause_different(waiting)}\n  {everyone}"

@@ -12,6 +12,9 @@ that is:
   them called it. Together: `run_evaluate` splits the batches over the
   ranks and returns the global metrics on every rank. Alone (e.g. rank 0
   evaluating a model it loaded): Keras's evaluate, no collective.
+- `fit` and `evaluate` refuse a model that another distribution engine (a
+  `tf.distribute` strategy, a `keras.distribution`) would also distribute
+  (`optimizer.engines`; the optimizer's constructor refuses a scope too).
 - `predict` is not wrapped: each rank predicts its own input, as in Keras
   (`keras_mpfp16.split_predict` splits one input over the ranks).
 
@@ -34,12 +37,13 @@ from keras_mpfp16 import runtime
 from keras_mpfp16.callbacks.global_metrics import GlobalMetrics
 from keras_mpfp16.callbacks.rank_output import quiet_non_root_ranks
 from keras_mpfp16.internals import keras as keras_internals
-from keras_mpfp16.optimizer import DistributedOptimizer
-from keras_mpfp16.runtime import env, rendezvous
+from keras_mpfp16.optimizer import DistributedOptimizer, engines
+from keras_mpfp16.runtime import env, rendezvous, world
 from keras_mpfp16.training import run
 
 AUTOTUNE_ENV = "KERAS_MPFP16_TFDATA_AUTOTUNE"  # registered in runtime.env
 _MARK = "_keras_mpfp16_hook"
+_REFUSED = "{}() of a model compiled with a DistributedOptimizer"
 
 
 def uses_distributed_optimizer(model) -> bool:
@@ -70,6 +74,7 @@ def _wrap_fit(original):
     def fit(self, *args, **kwargs):
         if not uses_distributed_optimizer(self):
             return original(self, *args, **kwargs)
+        engines.check_no_other_engine(self, _REFUSED.format("fit"))
         with _input_pipelines():
             if runtime.size() == 1:
                 return original(self, *args, **kwargs)
@@ -85,9 +90,24 @@ def _wrap_evaluate(original):
     def evaluate(self, *args, **kwargs):
         if not uses_distributed_optimizer(self):
             return original(self, *args, **kwargs)
+        if not kwargs.get("_use_cached_eval_dataset"):
+            engines.check_no_other_engine(self, _REFUSED.format("evaluate"))
         with _input_pipelines():
             # Validation inside a collective fit: already split and global.
-            if kwargs.get("_use_cached_eval_dataset") or runtime.size() == 1:
+            # One process, or MPI not initialised yet: Keras's evaluate. Not
+            # initialised means no rank has called fit, shard or any other
+            # collective, so this evaluate may be the only MPI-aware call on
+            # this rank (e.g. one rank evaluating a model it loaded):
+            # initialising here (a collective) could wait for ranks that
+            # never come. Every rank alone then computes what one process
+            # computes on its data (the same data on every rank: the same
+            # numbers as together, see `data.split`).
+            if (
+                kwargs.get("_use_cached_eval_dataset")
+                or world.launched_size() == 1
+                or not runtime.is_initialized()
+                or runtime.size() == 1
+            ):
                 return original(self, *args, **kwargs)
             verdict = rendezvous.enter("evaluate")
             arguments = _bind(original, (self, *args), kwargs)

@@ -27,6 +27,7 @@ from keras_mpfp16.callbacks.global_metrics import (
 )
 from keras_mpfp16.callbacks.timeline import Timeline
 from keras_mpfp16.data.split import split_for_evaluation
+from keras_mpfp16.internals import keras as keras_internals
 from keras_mpfp16.runtime import progress, timeline
 from keras_mpfp16.training import files, replica
 
@@ -106,7 +107,26 @@ class DistributedRun:
         return ours
 
     def split_validation(self, arguments: dict) -> None:
-        """Replaces `validation_data` in `fit`'s arguments by this rank's part."""
+        """Replaces `validation_data` in `fit`'s arguments by this rank's part.
+
+        `validation_split` is first turned into `validation_data` the way
+        Keras's `fit` does it (the last rows of `x`, `y`, `sample_weight`),
+        so its tail is split over the ranks too when it is the same on every
+        rank (training data not sharded), and is each rank's own otherwise.
+        """
+        fraction = arguments.get("validation_split")
+        if fraction and arguments.get("validation_data") is None:
+            train, validation = keras_internals.train_validation_split(
+                (
+                    arguments.get("x"),
+                    arguments.get("y"),
+                    arguments.get("sample_weight"),
+                ),
+                fraction,
+            )
+            arguments["x"], arguments["y"], arguments["sample_weight"] = train
+            arguments["validation_data"] = validation
+            arguments["validation_split"] = 0.0
         data = arguments.get("validation_data")
         if data is None:
             return
