@@ -399,6 +399,28 @@ def flatten_layers(model: keras.layers.Layer) -> list:
     return list(model._flatten_layers(include_self=True, recursive=True))
 
 
+SYMBOLIC_BUILD = _register(
+    "keras.symbolic_build",
+    "keras.Model._symbolic_build (what Keras's fit runs under a tf.distribute "
+    "strategy to build the model before the first step)",
+    "replica state: a model not built before fit is built from its data's "
+    "shapes, so rank 0's variables exist to be broadcast before the first step",
+)
+_check_signature(
+    SYMBOLIC_BUILD,
+    getattr(keras.Model, "_symbolic_build", None),
+    ("iterator", "data_batch"),
+)
+
+
+def symbolic_build(model: keras.Model, data_batch: Any) -> None:
+    """Builds `model`, its compiled loss/metrics and its optimizer from the
+    shapes of `data_batch` (an `(x, y, sample_weight)` batch: arrays, tensors
+    or `tf.TensorSpec`s), as Keras does before `fit` under a strategy. No
+    step runs; only shapes and dtypes are read."""
+    model._symbolic_build(data_batch=data_batch)
+
+
 INITIAL_EPOCH = _register(
     "keras.get_initial_epoch",
     "Model._initial_epoch (set by BackupAndRestore, read by fit)",
@@ -663,6 +685,28 @@ def _probe_flatten_layers() -> None:
         raise AssertionError("flatten_layers did not list the model and its layers")
 
 
+def _probe_symbolic_build() -> None:
+    import numpy as np
+
+    class Net(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(3)
+
+        def call(self, x):
+            return self.dense(x)
+
+    model = Net()
+    model.compile(optimizer="sgd", loss="mse")
+    symbolic_build(model, (np.zeros((2, 4), "float32"), np.zeros((2, 3), "float32")))
+    shapes = [tuple(v.shape) for v in model.trainable_variables]
+    if shapes != [(4, 3), (3,)] or not model.optimizer.built:
+        raise AssertionError(
+            f"symbolic_build left variables {shapes}, optimizer built: "
+            f"{model.optimizer.built}"
+        )
+
+
 def _probe_initial_epoch() -> None:
     model = _tiny_model()
     before = get_initial_epoch(model)
@@ -740,6 +784,7 @@ _PROBES = {
     MODEL_CHECKPOINT_HOOKS.accessor: _probe_checkpoint_hooks,
     STEP_FUNCTIONS.accessor: _probe_step_functions,
     FLATTEN_LAYERS.accessor: _probe_flatten_layers,
+    SYMBOLIC_BUILD.accessor: _probe_symbolic_build,
     INITIAL_EPOCH.accessor: _probe_initial_epoch,
     BACKUP_PATHS.accessor: _probe_backup_paths,
     ARRAY_DATASET.accessor: _probe_array_datasets,
@@ -784,5 +829,6 @@ __all__ = [
     "reset_step_functions",
     "rnn_loop",
     "set_learning_rate_slot",
+    "symbolic_build",
     "wrap_model_supports_jit",
 ]

@@ -165,6 +165,9 @@ def run_fit(original, arguments: dict):
     """Keras's `fit` (`original`) with this process's part of a collective fit."""
     model = arguments["self"]
     run = DistributedRun(model, training=True)
+    # Before Keras's fit: rank 0's variables must exist when it broadcasts
+    # them (on_train_begin), not only once the first step is traced.
+    replica.build_before_fit(model, arguments)
     run.split_validation(arguments)
     arguments["callbacks"] = run.callbacks(arguments.get("callbacks"))
     run.reduction.set_active(True)
