@@ -95,7 +95,8 @@ class AtomicModelCheckpoint(keras.callbacks.ModelCheckpoint):
     templates, `save_best_only`, `save_weights_only`, `save_freq`), except:
 
     - only rank 0 writes (all ranks hold the same model, and N ranks writing
-      one file would corrupt it); other ranks return immediately;
+      one file would corrupt it); other ranks only keep the books (`best`),
+      so the object holds the same state on every rank;
     - each write goes to `temporary_path(filepath)` and is then renamed over
       `filepath` with `os.replace` (after an `fsync`), so a crash during the
       write leaves the previous checkpoint intact and at worst a stray
@@ -136,12 +137,13 @@ class AtomicModelCheckpoint(keras.callbacks.ModelCheckpoint):
     # Keras's hook for the writing (keras_internals.MODEL_CHECKPOINT_SAVE_METHOD:
     # the seam checks its signature when keras_mpfp16 is imported).
     def _save_model(self, epoch, batch, logs):
-        if not runtime.is_root():
-            return
+        # Every rank keeps the books (`best`, with the global logs fit gives
+        # every rank), so the object's state is the same everywhere.
         filepath = keras_internals.checkpoint_file_path(self, epoch, batch, logs)
-        if not keras_internals.checkpoint_should_save(
+        should_save = keras_internals.checkpoint_should_save(
             self, epoch, batch, logs, filepath
-        ):
+        )
+        if not should_save or not runtime.is_root():
             return
         if os.path.isdir(filepath):
             raise OSError(

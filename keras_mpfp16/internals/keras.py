@@ -337,6 +337,40 @@ def checkpoint_should_save(
     return callback._should_save_model(epoch, batch, logs, filepath)
 
 
+class checkpoint_bookkeeping_only:  # noqa: N801 - used like a function
+    """Context manager: a `ModelCheckpoint` keeps its books but writes nothing.
+
+    While active, the callback's writing hook (`_save_model`) only fills in
+    the file name and runs Keras's own save decision
+    (`checkpoint_should_save`, which updates `best`); no directory is made
+    and nothing is saved. For ranks other than 0, so that every rank's
+    callback object holds the state rank 0's does. Removes the instance
+    attribute on exit (restoring one the user had set).
+    """
+
+    def __init__(self, callback: keras.callbacks.ModelCheckpoint):
+        self.callback = callback
+        self._own = None
+
+    def __enter__(self):
+        callback = self.callback
+        self._own = callback.__dict__.get(MODEL_CHECKPOINT_SAVE_METHOD)
+
+        def bookkeeping(epoch, batch, logs):
+            path = checkpoint_file_path(callback, epoch, batch, logs)
+            checkpoint_should_save(callback, epoch, batch, logs, path)
+
+        setattr(callback, MODEL_CHECKPOINT_SAVE_METHOD, bookkeeping)
+        return self
+
+    def __exit__(self, *exc):
+        if self._own is not None:
+            setattr(self.callback, MODEL_CHECKPOINT_SAVE_METHOD, self._own)
+        else:
+            delattr(self.callback, MODEL_CHECKPOINT_SAVE_METHOD)
+        return False
+
+
 STEP_FUNCTIONS = _register(
     "keras.reset_step_functions",
     "Model.train_function / test_function / predict_function, rebuilt by "
@@ -635,6 +669,7 @@ def _probe_build_optimizer_base() -> None:
 
 
 def _probe_checkpoint_hooks() -> None:
+    import os
     import tempfile
 
     saved = []
@@ -656,6 +691,21 @@ def _probe_checkpoint_hooks() -> None:
         want = [tmp + "/m-01.keras", tmp + "/m-03.keras"]
         if saved != want:
             raise AssertionError(f"saved {saved}, expected {want}")
+        # Bookkeeping only: the best value moves, no file is written.
+        stock = keras.callbacks.ModelCheckpoint(
+            tmp + "/sub/n-{epoch:02d}.keras", save_best_only=True
+        )
+        stock.set_model(_tiny_model())
+        with checkpoint_bookkeeping_only(stock):
+            for epoch, loss in enumerate([1.0, 2.0, 0.5]):
+                stock.on_epoch_end(epoch, {"val_loss": loss})
+        if stock.best != 0.5 or os.path.exists(tmp + "/sub"):
+            raise AssertionError(
+                f"bookkeeping only: best {stock.best}, wrote "
+                f"{os.path.exists(tmp + '/sub')}"
+            )
+        if MODEL_CHECKPOINT_SAVE_METHOD in vars(stock):
+            raise AssertionError("checkpoint_bookkeeping_only left its hook behind")
 
 
 def _probe_step_functions() -> None:
@@ -820,6 +870,7 @@ __all__ = [
     "set_initial_epoch",
     "build_optimizer_base",
     "check",
+    "checkpoint_bookkeeping_only",
     "checkpoint_file_path",
     "checkpoint_should_save",
     "get_learning_rate_slot",

@@ -5,11 +5,16 @@ or `TensorBoard` write the same files at the same time: HDF5 lock errors,
 corrupt zip files, `FileExistsError`, interleaved CSV lines. In `fit` of a
 model compiled with a `DistributedOptimizer` (more than one process):
 
-- `ModelCheckpoint`, `CSVLogger`, `TensorBoard`, `RemoteMonitor` (and
-  subclasses) run on rank 0 only; on the other ranks they are replaced by a
-  stand-in that only forwards `set_model`/`set_params`. All ranks hold the
-  same model and, with global logs, the same logs, so rank 0's files are the
-  job's.
+- `ModelCheckpoint` and `CSVLogger` (and subclasses) write on rank 0 only.
+  On the other ranks the user's object still runs every hook with the same
+  (global) logs, with its writes switched off (`BookkeepingOnly`), so its
+  state - `ModelCheckpoint.best`, `CSVLogger.keys`, ... - is rank 0's on
+  every rank and code reading it after `fit` takes the same branch
+  everywhere. `TensorBoard` and `RemoteMonitor` run on rank 0 only; on the
+  other ranks a stand-in only forwards `set_model`/`set_params` (their
+  public attributes are their arguments, which `fit` does not change; their
+  counters and writers are private). All ranks hold the same model and,
+  with global logs, the same logs, so rank 0's files are the job's.
 - On rank 0, `model.save` and `model.save_weights` write atomically while
   `fit` runs (`atomic_saves`): to a temporary file in the same directory,
   fsync'ed, then renamed over the target. A process killed mid-write leaves
@@ -43,10 +48,11 @@ from keras_mpfp16.callbacks.root_only import RootOnly
 from keras_mpfp16.internals import keras as keras_internals
 
 # Callbacks whose only effect is writing files (or sending logs out): one
-# writer per job.
+# writer per job. The first two keep state users read after fit: on ranks
+# other than 0 they run without writing; the others are stood in for.
+BOOKKEEPING_TYPES = (keras.callbacks.ModelCheckpoint, keras.callbacks.CSVLogger)
 ROOT_ONLY_TYPES = (
-    keras.callbacks.ModelCheckpoint,
-    keras.callbacks.CSVLogger,
+    *BOOKKEEPING_TYPES,
     keras.callbacks.TensorBoard,
     keras.callbacks.RemoteMonitor,
 )
@@ -54,13 +60,113 @@ ROOT_ONLY_TYPES = (
 
 def make_safe(callback: keras.callbacks.Callback) -> keras.callbacks.Callback:
     """The callback to run in its place on this rank (often itself)."""
-    if isinstance(callback, (RootOnly, AtomicModelCheckpoint, SafeBackupAndRestore)):
+    if isinstance(callback, RootOnly) and isinstance(
+        callback.callback, BOOKKEEPING_TYPES
+    ):
+        # root_only(ModelCheckpoint(...)): rank 0 still writes alone, and the
+        # object's state is kept on every rank as for an unwrapped one.
+        callback = callback.callback
+    if isinstance(
+        callback,
+        (RootOnly, AtomicModelCheckpoint, SafeBackupAndRestore, BookkeepingOnly),
+    ):
         return callback
     if isinstance(callback, keras.callbacks.BackupAndRestore):
         return SafeBackupAndRestore(callback)
-    if isinstance(callback, ROOT_ONLY_TYPES) and not runtime.is_root():
+    if runtime.is_root():
+        return callback
+    if isinstance(callback, BOOKKEEPING_TYPES):
+        return BookkeepingOnly(callback)
+    if isinstance(callback, ROOT_ONLY_TYPES):
         return RootOnly(callback)
     return callback
+
+
+_HOOKS = (
+    "on_train_begin",
+    "on_train_end",
+    "on_epoch_begin",
+    "on_epoch_end",
+    "on_test_begin",
+    "on_test_end",
+    "on_predict_begin",
+    "on_predict_end",
+    "on_train_batch_begin",
+    "on_train_batch_end",
+    "on_test_batch_begin",
+    "on_test_batch_end",
+    "on_predict_batch_begin",
+    "on_predict_batch_end",
+)
+
+
+class BookkeepingOnly(keras.callbacks.Callback):
+    """Runs a `ModelCheckpoint` or `CSVLogger` on a rank other than 0,
+    writing nothing.
+
+    Every hook of the user's object runs, with the logs rank 0 sees (logs
+    are global), so its state after `fit` is rank 0's: `best` and the save
+    counters of a `ModelCheckpoint` (Keras's own save decision runs, the
+    save and the directory creation do not), the `keys` and `append_header`
+    of a `CSVLogger` (its rows go to `os.devnull`). Keras's asynchronous
+    batch-hook dispatch is allowed exactly when the user's callback allows it,
+    as on rank 0.
+
+    Args:
+        callback: The user's `ModelCheckpoint` or `CSVLogger`.
+    """
+
+    def __init__(self, callback: keras.callbacks.Callback):
+        super().__init__()
+        self.callback = callback
+        self.async_safe = bool(getattr(callback, "async_safe", False))
+
+    def set_model(self, model):
+        super().set_model(model)
+        self.callback.set_model(model)
+
+    def set_params(self, params):
+        super().set_params(params)
+        self.callback.set_params(params)
+
+    def _run(self, name: str, args: tuple, kwargs: dict) -> None:
+        hook = getattr(self.callback, name)
+        if isinstance(self.callback, keras.callbacks.ModelCheckpoint):
+            with keras_internals.checkpoint_bookkeeping_only(self.callback):
+                hook(*args, **kwargs)
+        elif name == "on_train_begin":  # CSVLogger: opens its file here
+            _csv_logger_begin(self.callback, lambda: hook(*args, **kwargs))
+        else:
+            hook(*args, **kwargs)
+
+
+def _forward(name: str):
+    def hook(self, *args, **kwargs):
+        self._run(name, args, kwargs)
+
+    hook.__name__ = name
+    return hook
+
+
+for _name in _HOOKS:
+    setattr(BookkeepingOnly, _name, _forward(_name))
+
+
+def _csv_logger_begin(logger: keras.callbacks.CSVLogger, begin) -> None:
+    """`CSVLogger.on_train_begin` writing to `os.devnull`; `append_header` as
+    rank 0 computes it from the real file (read only: rank 0 writes nothing
+    before the first epoch ends, after the ranks' sync)."""
+    filename = logger.filename
+    append_header = True
+    if logger.append and os.path.exists(filename):
+        with open(filename) as f:
+            append_header = not bool(len(f.readline()))
+    logger.filename = os.devnull
+    try:
+        begin()
+    finally:
+        logger.filename = filename
+    logger.append_header = append_header
 
 
 class atomic_saves:  # noqa: N801 - used like a function
