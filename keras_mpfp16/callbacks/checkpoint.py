@@ -10,10 +10,12 @@ file.
 from __future__ import annotations
 
 import os
+import threading
 
 import keras
 
 from keras_mpfp16 import runtime
+from keras_mpfp16.callbacks.rank_output import launcher_rank
 from keras_mpfp16.internals import keras as keras_internals
 
 # Keras's save functions dispatch on these endings, so temporary names keep them.
@@ -24,10 +26,13 @@ def temporary_path(filepath: str) -> str:
     """Name of the temporary file `filepath` is written to before the rename.
 
     Same directory (so the rename stays on one file system and is atomic),
-    hidden, tagged with the process id, and ending with the same Keras
-    suffix (`.keras`, `.h5`, `.weights.h5`) so Keras writes the same format.
+    hidden, tagged with the process id (and, under an MPI launcher, the rank:
+    processes on two hosts sharing a file system may have the same id), and
+    ending with the same Keras suffix (`.keras`, `.h5`, `.weights.h5`) so
+    Keras writes the same format.
 
-    Example: `"ckpt/model-03.keras"` -> `"ckpt/.model-03.tmp-1234.keras"`.
+    Example: `"ckpt/model-03.keras"` -> `"ckpt/.model-03.tmp-1234.keras"`
+    (`"ckpt/.model-03.tmp-1234.r1.keras"` on rank 1 under mpirun).
     """
     directory, name = os.path.split(os.fspath(filepath))
     for suffix in _SUFFIXES:
@@ -36,7 +41,18 @@ def temporary_path(filepath: str) -> str:
             break
     else:
         stem, suffix = name, ""
-    return os.path.join(directory, f".{stem}.tmp-{os.getpid()}{suffix}")
+    rank = launcher_rank()
+    tag = f"{os.getpid()}" if rank is None else f"{os.getpid()}.r{rank}"
+    return os.path.join(directory, f".{stem}.tmp-{tag}{suffix}")
+
+
+_writing = threading.local()
+
+
+def in_atomic_write() -> bool:
+    """Whether this thread is inside `atomic_write`'s `write` (so a save it
+    makes is the temporary file itself, not a file to write atomically)."""
+    return getattr(_writing, "depth", 0) > 0
 
 
 def _fsync_file(path: str) -> None:
@@ -76,7 +92,11 @@ def atomic_write(filepath: str, write) -> None:
         return
     tmp = temporary_path(filepath)
     try:
-        write(tmp)
+        _writing.depth = getattr(_writing, "depth", 0) + 1
+        try:
+            write(tmp)
+        finally:
+            _writing.depth -= 1
         _fsync_file(tmp)
         os.replace(tmp, filepath)
     except BaseException:

@@ -15,10 +15,12 @@ model compiled with a `DistributedOptimizer` (more than one process):
   public attributes are their arguments, which `fit` does not change; their
   counters and writers are private). All ranks hold the same model and,
   with global logs, the same logs, so rank 0's files are the job's.
-- On rank 0, `model.save` and `model.save_weights` write atomically while
-  `fit` runs (`atomic_saves`): to a temporary file in the same directory,
+- `model.save` and `model.save_weights` write atomically on every rank of
+  a multi-process job, inside and outside `fit` (`wrap_save`, installed on
+  `keras.Model` at import): to a temporary file in the same directory,
   fsync'ed, then renamed over the target. A process killed mid-write leaves
-  the previous complete checkpoint.
+  the previous complete file; ranks saving the same path at once each
+  replace it whole.
 - `BackupAndRestore` writes on rank 0 only, and its weights and metadata
   files replace the previous backup *together* (`SafeBackupAndRestore`): a
   backup directory is written next to the real one and swapped in by
@@ -43,9 +45,12 @@ from keras_mpfp16.callbacks.checkpoint import (
     _fsync_dir,
     _fsync_file,
     atomic_write,
+    in_atomic_write,
 )
 from keras_mpfp16.callbacks.root_only import RootOnly
 from keras_mpfp16.internals import keras as keras_internals
+from keras_mpfp16.optimizer import DistributedOptimizer
+from keras_mpfp16.runtime import world
 
 # Callbacks whose only effect is writing files (or sending logs out): one
 # writer per job. The first two keep state users read after fit: on ranks
@@ -169,46 +174,41 @@ def _csv_logger_begin(logger: keras.callbacks.CSVLogger, begin) -> None:
     logger.append_header = append_header
 
 
-class atomic_saves:  # noqa: N801 - used like a function
-    """Context manager: `model.save`/`model.save_weights` write atomically.
+def wrap_save(original):
+    """`keras.Model.save` / `save_weights`, atomic on every rank under mpirun.
 
-    Sets instance attributes that wrap the model's own methods, and removes
-    them on exit (restoring any the user had set).
+    For a model compiled with a `DistributedOptimizer` in a job of more than
+    one process (`world.launched_size()`: no MPI call, so a lone call
+    inside `if kmp.is_root():` - or on any one rank - never waits for
+    anyone), each call writes a temporary file of its own in the target's
+    directory (`temporary_path`: process id and rank in the name), fsyncs
+    it and renames it over the target (`atomic_write`). N ranks saving the
+    same path at once (a script without `if kmp.is_root():`) then each
+    replace the file whole with their own complete copy of the same model:
+    no HDF5 lock error, no torn file, and a rank that loads the file after
+    its own save reads a complete one. Inside `fit` the stock checkpoint
+    callbacks write from rank 0 only; their saves go through here too.
+    Passed through unchanged: other models, one process, file objects,
+    `overwrite=False`, `zipped=False` (a directory) and saves made inside
+    an atomic write (the temporary file itself).
     """
 
-    _NAMES = ("save", "save_weights")
+    @functools.wraps(original)
+    def save(self, filepath, *args, **kwargs):
+        overwrite = args[0] if args else kwargs.get("overwrite", True)
+        if (
+            not isinstance(getattr(self, "optimizer", None), DistributedOptimizer)
+            or world.launched_size() == 1
+            or not isinstance(filepath, (str, os.PathLike))
+            or overwrite is False
+            or kwargs.get("zipped") is False
+            or in_atomic_write()
+        ):
+            return original(self, filepath, *args, **kwargs)
+        atomic_write(filepath, lambda path: original(self, path, *args, **kwargs))
 
-    def __init__(self, model: keras.Model):
-        self.model = model
-        self._saved: dict = {}
-
-    def __enter__(self):
-        for name in self._NAMES:
-            own = self.model.__dict__.get(name)
-            self._saved[name] = own
-            method = own if own is not None else getattr(self.model, name)
-            setattr(self.model, name, _atomic(method))
-        return self
-
-    def __exit__(self, *exc):
-        for name, own in self._saved.items():
-            if own is not None:
-                setattr(self.model, name, own)
-            elif name in self.model.__dict__:
-                delattr(self.model, name)
-        return False
-
-
-def _atomic(save):
-    @functools.wraps(save)
-    def atomic_save(filepath, *args, **kwargs):
-        if not isinstance(filepath, (str, os.PathLike)):
-            return save(filepath, *args, **kwargs)  # e.g. a file object
-        kwargs.setdefault("overwrite", True)
-        atomic_write(filepath, lambda path: save(path, *args, **kwargs))
-
-    atomic_save._keras_mpfp16_atomic = True
-    return atomic_save
+    save._keras_mpfp16_hook = True
+    return save
 
 
 class SafeBackupAndRestore(keras.callbacks.Callback):

@@ -18,7 +18,6 @@ import weakref
 
 import keras
 
-from keras_mpfp16 import runtime
 from keras_mpfp16.callbacks.global_metrics import (
     GlobalMetrics,
     MetricReduction,
@@ -172,9 +171,6 @@ def run_fit(original, arguments: dict):
     arguments["callbacks"] = run.callbacks(arguments.get("callbacks"))
     run.reduction.set_active(True)
     try:
-        if runtime.is_root():
-            with files.atomic_saves(model):
-                return original(**arguments)
         return original(**arguments)
     finally:
         run.reduction.set_active(False)
