@@ -224,8 +224,9 @@ def sync_from_root(model) -> None:
 
     A model that is still not built (see `build_before_fit`) has no variables
     to send yet: then nothing happens here and the optimizer's first update
-    syncs, as in a custom training loop (every rank takes the same branch:
-    the signature check afterwards would stop ranks that differ).
+    syncs, as in a custom training loop, after its model signature check.
+    The ranks agree on this branch when they run the same script: each ran
+    the same pre-`fit` build on inputs of the same shapes.
     """
     optimizer = model.optimizer
     if not is_built(model):
