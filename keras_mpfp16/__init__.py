@@ -39,6 +39,7 @@ from keras_mpfp16 import (  # noqa: E402
     runtime,
     training,
 )
+from keras_mpfp16.callbacks import print_once, root_stdout_only  # noqa: E402
 from keras_mpfp16.data import shard  # noqa: E402
 from keras_mpfp16.optimizer import DistributedOptimizer, broadcast_variables  # noqa: E402
 from keras_mpfp16.runtime import (  # noqa: E402
@@ -79,7 +80,9 @@ __all__ = [
     "local_rank",
     "local_size",
     "optimizer",
+    "print_once",
     "rank",
+    "root_stdout_only",
     "runtime",
     "size",
     "split_predict",

@@ -421,6 +421,14 @@ def test_quieting_from_the_launcher_environment(monkeypatch):
     assert rank_output.quiet_non_root_ranks_early() is False
 
 
+def test_print_once_prints_in_one_process(capsys):
+    # One process (no launcher, or the library's rank 0): it prints, with
+    # print's arguments. Ranks other than 0: tests/test_mpi_rank_output.py.
+    kmp.print_once("a", 2, sep="-", end="!\n")
+    assert capsys.readouterr().out == "a-2!\n"
+    assert kmp.root_stdout_only() is False  # rank 0 keeps its output
+
+
 # -- step hooks ---------------------------------------------------------------------
 
 

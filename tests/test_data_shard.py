@@ -200,3 +200,68 @@ def test_py_dataset_trains():
     model.compile(optimizer="sgd", loss="mse")
     history = model.fit(shard(Batches(6), rank=1, num_ranks=2), epochs=1, verbose=0)
     assert len(history.history["loss"]) == 1
+
+
+# -- the same-data check (the real multi-process check: test_mpi_shard_check.py)
+
+
+def test_check_argument_is_validated():
+    x = np.arange(12.0)
+    with pytest.raises(ValueError, match="check"):
+        shard(x, check="yes")
+    # One process: nothing to compare, no collective; explicit rank/num_ranks
+    # (an offline layout) is never checked either.
+    assert np.array_equal(shard(x, check=True), x)
+    assert np.array_equal(shard(x, rank=1, num_ranks=3, check=True), x[1::3])
+
+
+def test_mismatch_message_names_the_ranks_and_the_fix(monkeypatch):
+    import importlib
+
+    fp = importlib.import_module("keras_mpfp16.data.fingerprint")
+    shard_module = importlib.import_module("keras_mpfp16.data.shard")
+
+    x = np.arange(12.0)
+    same, other = fp.fingerprint_arrays(x), fp.fingerprint_arrays(x + 1)
+    monkeypatch.setattr(
+        shard_module.runtime,
+        "allgather_object",
+        lambda value, name=None: [same, other, same, other],
+    )
+    with pytest.raises(ValueError) as info:
+        shard_module.check_same_data((x,), dataset=False)
+    message = str(info.value)
+    assert "ranks 0, 2 hold version 1; ranks 1, 3 hold version 2" in message
+    assert "same shapes and dtypes, different contents" in message
+    assert "seed" in message and "check=False" in message
+    monkeypatch.setattr(
+        shard_module.runtime,
+        "allgather_object",
+        lambda value, name=None: [same, fp.fingerprint_arrays(x[:-1])],
+    )
+    with pytest.raises(ValueError, match="shapes or dtypes differ"):
+        shard_module.check_same_data((x,), dataset=False)
+
+
+def test_fingerprint_samples_only_large_arrays():
+    import importlib
+
+    fp = importlib.import_module("keras_mpfp16.data.fingerprint")
+
+    rows = fp.FULL_HASH_BYTES // (64 * 4) + 10  # just over the limit
+    x = np.zeros((rows, 64), np.float32)
+    base = fp.fingerprint_arrays(x)
+    step = int(x.nbytes // fp.FULL_HASH_BYTES) + 1
+    read = x.copy()
+    read[step, 0] = 1.0  # a row it reads: caught
+    assert fp.fingerprint_arrays(read) != base
+    unread = x.copy()
+    unread[1, 0] = 1.0  # a row it skips: documented as not caught
+    assert fp.fingerprint_arrays(unread) == base
+    small = np.zeros((10, 64), np.float32)
+    changed = small.copy()
+    changed[1, 0] = 1.0  # under the limit every byte counts
+    assert fp.fingerprint_arrays(changed) != fp.fingerprint_arrays(small)
+    # A strided view gives the fingerprint of its values.
+    wide = np.zeros((rows, 128), np.float32)
+    assert fp.fingerprint_arrays(wide[:, ::2]) == base

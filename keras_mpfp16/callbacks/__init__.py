@@ -35,7 +35,11 @@ from keras_mpfp16.callbacks.lr_schedule import (  # noqa: E402
     scale_factor,
     scaled_learning_rate,
 )
-from keras_mpfp16.callbacks.rank_output import quiet_non_root_ranks  # noqa: E402
+from keras_mpfp16.callbacks.rank_output import (  # noqa: E402
+    print_once,
+    quiet_non_root_ranks,
+    root_stdout_only,
+)
 from keras_mpfp16.callbacks.root_only import RootOnly, root_only  # noqa: E402
 from keras_mpfp16.callbacks.timeline import Timeline  # noqa: E402
 
@@ -47,8 +51,10 @@ __all__ = [
     "RootOnly",
     "ScaledLearningRate",
     "Timeline",
+    "print_once",
     "quiet_non_root_ranks",
     "root_only",
+    "root_stdout_only",
     "scale_factor",
     "scaled_learning_rate",
     "temporary_path",

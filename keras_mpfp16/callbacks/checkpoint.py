@@ -15,6 +15,7 @@ import threading
 import keras
 
 from keras_mpfp16 import runtime
+from keras_mpfp16.callbacks.rank_output import launcher_rank
 from keras_mpfp16.internals import keras as keras_internals
 from keras_mpfp16.runtime import timeline
 
@@ -26,10 +27,13 @@ def temporary_path(filepath: str) -> str:
     """Name of the temporary file `filepath` is written to before the rename.
 
     Same directory (so the rename stays on one file system and is atomic),
-    hidden, tagged with the process id, and ending with the same Keras
-    suffix (`.keras`, `.h5`, `.weights.h5`) so Keras writes the same format.
+    hidden, tagged with the process id (and, under an MPI launcher, the rank:
+    processes on two hosts sharing a file system may have the same id), and
+    ending with the same Keras suffix (`.keras`, `.h5`, `.weights.h5`) so
+    Keras writes the same format.
 
-    Example: `"ckpt/model-03.keras"` -> `"ckpt/.model-03.tmp-1234.keras"`.
+    Example: `"ckpt/model-03.keras"` -> `"ckpt/.model-03.tmp-1234.keras"`
+    (`"ckpt/.model-03.tmp-1234.r1.keras"` on rank 1 under mpirun).
     """
     directory, name = os.path.split(os.fspath(filepath))
     for suffix in _SUFFIXES:
@@ -38,7 +42,18 @@ def temporary_path(filepath: str) -> str:
             break
     else:
         stem, suffix = name, ""
-    return os.path.join(directory, f".{stem}.tmp-{os.getpid()}{suffix}")
+    rank = launcher_rank()
+    tag = f"{os.getpid()}" if rank is None else f"{os.getpid()}.r{rank}"
+    return os.path.join(directory, f".{stem}.tmp-{tag}{suffix}")
+
+
+_writing = threading.local()
+
+
+def in_atomic_write() -> bool:
+    """Whether this thread is inside `atomic_write`'s `write` (so a save it
+    makes is the temporary file itself, not a file to write atomically)."""
+    return getattr(_writing, "depth", 0) > 0
 
 
 def _fsync_file(path: str) -> None:
@@ -100,7 +115,11 @@ def _atomic_write(filepath: str, write) -> None:
         return
     tmp = temporary_path(filepath)
     try:
-        write(tmp)
+        _writing.depth = getattr(_writing, "depth", 0) + 1
+        try:
+            write(tmp)
+        finally:
+            _writing.depth -= 1
         _fsync_file(tmp)
         os.replace(tmp, filepath)
     except BaseException:
@@ -119,7 +138,8 @@ class AtomicModelCheckpoint(keras.callbacks.ModelCheckpoint):
     templates, `save_best_only`, `save_weights_only`, `save_freq`), except:
 
     - only rank 0 writes (all ranks hold the same model, and N ranks writing
-      one file would corrupt it); other ranks return immediately;
+      one file would corrupt it); other ranks only keep the books (`best`),
+      so the object holds the same state on every rank;
     - each write goes to `temporary_path(filepath)` and is then renamed over
       `filepath` with `os.replace` (after an `fsync`), so a crash during the
       write leaves the previous checkpoint intact and at worst a stray
@@ -160,12 +180,13 @@ class AtomicModelCheckpoint(keras.callbacks.ModelCheckpoint):
     # Keras's hook for the writing (keras_internals.MODEL_CHECKPOINT_SAVE_METHOD:
     # the seam checks its signature when keras_mpfp16 is imported).
     def _save_model(self, epoch, batch, logs):
-        if not runtime.is_root():
-            return
+        # Every rank keeps the books (`best`, with the global logs fit gives
+        # every rank), so the object's state is the same everywhere.
         filepath = keras_internals.checkpoint_file_path(self, epoch, batch, logs)
-        if not keras_internals.checkpoint_should_save(
+        should_save = keras_internals.checkpoint_should_save(
             self, epoch, batch, logs, filepath
-        ):
+        )
+        if not should_save or not runtime.is_root():
             return
         if os.path.isdir(filepath):
             raise OSError(

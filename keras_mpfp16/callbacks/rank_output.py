@@ -1,9 +1,18 @@
 """Rank-0-only console output.
 
 On ranks other than 0, Keras's interactive logging (progress bars, `fit` and
-`evaluate` lines, `summary()`) is switched to absl logging, which is silent by
-default, so `mpirun -np N` prints one progress bar instead of N. Errors,
-warnings and the user's own `print` calls are untouched.
+`evaluate` lines, `summary()`, callbacks' `verbose` messages: everything
+Keras prints through `keras.utils.io_utils.print_msg`) is switched to absl
+logging, which is silent by default, so `mpirun -np N` prints one progress
+bar instead of N. Untouched: the user's own `print` calls, anything else
+written to stdout, and everything on stderr (warnings, errors, tracebacks,
+TensorFlow's C++ log).
+
+For the rest, two opt-ins: `print_once(...)` prints on rank 0 only, and
+`root_stdout_only()` (or `KERAS_MPFP16_ROOT_STDOUT_ONLY=1`, applied at
+`import keras_mpfp16`) sends *all* standard output of ranks other than 0
+to `os.devnull` - Python's and C's, like an MPI launcher's option to show
+one rank's output - while their stderr stays visible.
 
 It happens twice: at `import keras_mpfp16`, from the rank the MPI launcher
 announces in the environment (no MPI call, so a `model.summary()` before the
@@ -16,11 +25,14 @@ Set `KERAS_MPFP16_ALL_RANKS_OUTPUT=1` to keep output on every rank.
 
 from __future__ import annotations
 
+import builtins
 import os
+import sys
 
 from keras_mpfp16.runtime import env
 
 ENV_VAR = "KERAS_MPFP16_ALL_RANKS_OUTPUT"  # registered in runtime.env
+STDOUT_ENV_VAR = "KERAS_MPFP16_ROOT_STDOUT_ONLY"  # registered in runtime.env
 
 # Rank variables set by common MPI launchers, read before MPI is initialised.
 _LAUNCHER_RANK_VARS = (
@@ -38,6 +50,74 @@ _silenced_by_us = False
 
 def _all_ranks_requested() -> bool:
     return env.get("ALL_RANKS_OUTPUT")
+
+
+def _root_stdout_only_requested() -> bool:
+    return env.get("ROOT_STDOUT_ONLY")
+
+
+def _this_rank() -> int | None:
+    """The library's rank once MPI is initialised, else the launcher's (no
+    MPI call); None outside an MPI launch."""
+    from keras_mpfp16.runtime import world
+
+    if world.is_initialized():
+        return world.rank()
+    return launcher_rank()
+
+
+def print_once(*args, **kwargs) -> None:
+    """`print`, on rank 0 only (once per job instead of once per rank).
+
+    Same arguments as the built-in `print`. Makes no MPI call: before the
+    library is initialised, the rank comes from the MPI launcher's
+    environment; outside an MPI launch it always prints.
+
+    Example:
+
+    ```python
+    import keras_mpfp16 as kmp
+
+    kmp.print_once(f"training on {kmp.size()} ranks")
+    ```
+    """
+    rank = _this_rank()
+    if rank is None or rank == 0:
+        builtins.print(*args, **kwargs)
+
+
+def root_stdout_only() -> bool:
+    """Sends all standard output of this process to `os.devnull` unless it is rank 0.
+
+    From the call on, on ranks other than 0, `print` and anything else
+    written to file descriptor 1 (C extensions, subprocesses started
+    afterwards) is discarded; stderr (warnings, errors, tracebacks) is
+    untouched, so a failing rank is still heard. For good: there is no
+    switch back. `KERAS_MPFP16_ROOT_STDOUT_ONLY=1` does the same at
+    `import keras_mpfp16`. No MPI call (the rank as in `print_once`).
+
+    Returns:
+        True if this rank's output was silenced.
+    """
+    rank = _this_rank()
+    if rank is None or rank == 0:
+        return False
+    try:
+        sys.stdout.flush()
+    except (AttributeError, OSError, ValueError):
+        pass
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+    finally:
+        os.close(devnull)
+    try:
+        writes_fd_1 = sys.stdout.fileno() == 1
+    except (AttributeError, OSError, ValueError):
+        writes_fd_1 = False
+    if not writes_fd_1:  # e.g. a replaced sys.stdout: silence it too
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
+    return True
 
 
 def launcher_rank() -> int | None:
@@ -61,11 +141,14 @@ def _silence() -> None:
 def quiet_non_root_ranks_early() -> bool:
     """Silences Keras's console output if the launcher says this is not rank 0.
 
-    Makes no MPI call. Called at `import keras_mpfp16`.
+    Makes no MPI call. Called at `import keras_mpfp16`. With
+    `KERAS_MPFP16_ROOT_STDOUT_ONLY=1`, also runs `root_stdout_only()`.
 
     Returns:
-        True if output was silenced on this rank.
+        True if Keras's output was silenced on this rank.
     """
+    if _root_stdout_only_requested():
+        root_stdout_only()
     if _all_ranks_requested():
         return False
     r = launcher_rank()

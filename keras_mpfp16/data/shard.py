@@ -10,6 +10,7 @@ import numpy as np
 
 from keras_mpfp16 import _validate, runtime
 from keras_mpfp16.data.arithmetic import shard_indices, shard_sizes
+from keras_mpfp16.data.fingerprint import fingerprint, fingerprint_arrays
 from keras_mpfp16.data.py_dataset import ShardedPyDataset
 
 
@@ -124,18 +125,67 @@ def _shard_dataset(dataset, rank, size, batch_size, drop_remainder):
     return dataset.shard(size, rank)
 
 
+def _groups(prints: list) -> list[list[int]]:
+    """Ranks grouped by equal fingerprints, in order of first appearance."""
+    groups: dict = {}
+    for r, p in enumerate(prints):
+        groups.setdefault(repr(p), []).append(r)
+    return list(groups.values())
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+def check_same_data(data: tuple, dataset: bool) -> None:
+    """Every rank passed the same data to `shard` (one allgather of a digest).
+
+    Raises:
+        ValueError: on every rank, naming the ranks that hold each version.
+    """
+    mine = fingerprint(data[0]) if dataset else fingerprint_arrays(*data)
+    prints = runtime.allgather_object(mine, name="shard data fingerprint")
+    groups = _groups(prints)
+    if len(groups) == 1:
+        return
+    versions = "; ".join(
+        f"{_ranks(g)} hold{'s' if len(g) == 1 else ''} version {i + 1}"
+        for i, g in enumerate(groups)
+    )
+    shapes = {repr(p[:2]) if p[0] != "arrays" else repr(p[1]) for p in prints}
+    what = (
+        "their shapes or dtypes differ"
+        if len(shapes) > 1
+        else "same shapes and dtypes, different contents"
+    )
+    raise ValueError(
+        "keras_mpfp16.shard: the ranks were given different data "
+        f"({what}): {versions}. shard deals out disjoint parts of ONE data "
+        "set, the same on every rank; parts of different data sets overlap "
+        "and miss rows (one rank's training rows may be another's validation "
+        "rows). Make every rank build the same data: seed the random "
+        "generator that makes it (np.random.default_rng(seed), "
+        "keras.utils.set_random_seed(seed), a seeded shuffle) or load the same "
+        "files. If each rank's data is its own on purpose, pass "
+        "shard(..., check=False)."
+    )
+
+
 def shard(
     *data: Any,
     batch_size: int | None = None,
     drop_remainder: bool = True,
     rank: int | None = None,
     num_ranks: int | None = None,
+    check: bool = True,
 ) -> Any:
     """This rank's disjoint part of the data, sized so all ranks run equal steps.
 
     Call it with the same data on every rank. Each rank gets different rows,
     and together the ranks cover the data once per epoch (see `arithmetic`
-    for exactly which rows):
+    for exactly which rows). Under mpirun it checks that the data is the
+    same on every rank (one allgather of a digest, see `check`) and raises
+    on every rank if not.
 
     - numpy arrays (or nested dicts/lists/tuples of them, e.g. a multi-input
       `x`): rows are dealt round-robin in blocks of `batch_size` rows (1 by
@@ -167,6 +217,15 @@ def shard(
             validation data (every row kept).
         rank: This rank; defaults to `keras_mpfp16.rank()`.
         num_ranks: N; defaults to `keras_mpfp16.size()`.
+        check: Whether to check that every rank passed the same data (when
+            `rank` and `num_ranks` are not given and there is more than one
+            process): one allgather of a fingerprint of the data
+            (`keras_mpfp16.data.fingerprint`: shapes, dtypes and a CRC-32 of
+            the bytes - of evenly spaced rows beyond 64 MiB per array; for a
+            `tf.data.Dataset` its length, structure and first element; for a
+            `PyDataset` its length and first batch). Pass False for data that
+            differs across ranks on purpose (each rank loads its own files);
+            every rank must pass the same value.
 
     Returns:
         The shards, in the structure given: one value for one argument, a
@@ -174,8 +233,10 @@ def shard(
 
     Raises:
         ValueError: if the arrays have different lengths (the message lists
-            them), if some rank would get no data, or for a `tf.data.Dataset`
-            of unknown length with `drop_remainder=True`.
+            them), if some rank would get no data, for a `tf.data.Dataset`
+            of unknown length with `drop_remainder=True`, or (on every rank)
+            if the ranks passed different data (the message names which
+            ranks hold which version).
 
     Example:
 
@@ -194,14 +255,20 @@ def shard(
     r = runtime.rank() if rank is None else rank
     size = _validate.positive_int("num_ranks", size)
     r = _validate.integer("rank", r, minimum=0, maximum=size - 1)
+    check = _validate.one_of("check", check, (True, False))
     datasets = [d for d in data if _is_tf_dataset(d) or _is_py_dataset(d)]
+    if datasets and len(data) > 1:
+        raise ValueError(
+            "shard takes either arrays or a single dataset; received "
+            f"{len(data)} arguments including a {type(datasets[0]).__name__}. "
+            "A dataset yields (x, y) itself."
+        )
+    if check and rank is None and num_ranks is None and size > 1:
+        # Before the errors that depend on the data (lengths, rows per
+        # rank): with different data on different ranks, some ranks would
+        # raise those and leave the others waiting in this collective.
+        check_same_data(data, dataset=bool(datasets))
     if datasets:
-        if len(data) > 1:
-            raise ValueError(
-                "shard takes either arrays or a single dataset; received "
-                f"{len(data)} arguments including a {type(datasets[0]).__name__}. "
-                "A dataset yields (x, y) itself."
-            )
         (d,) = data
         if _is_tf_dataset(d):
             return _shard_dataset(d, r, size, batch_size, drop_remainder)

@@ -31,9 +31,7 @@ too (e.g. shuffled without a common seed): each rank's batches count once.
 from __future__ import annotations
 
 import itertools
-import sys
 import types
-import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,11 +40,14 @@ import numpy as np
 
 from keras_mpfp16 import runtime
 from keras_mpfp16.data.arithmetic import shard_indices
+from keras_mpfp16.data.fingerprint import array_like as _array_like
+from keras_mpfp16.data.fingerprint import fingerprint as _fingerprint
+from keras_mpfp16.data.fingerprint import first_element_crc
+from keras_mpfp16.data.fingerprint import is_tf_dataset as _is_tf_dataset
+from keras_mpfp16.data.fingerprint import leaves as _leaves
 from keras_mpfp16.data.py_dataset import ShardedPyDataset
 
 KERAS_DEFAULT_BATCH = 32  # Keras's batch_size when None is given for arrays
-# Arrays above this many bytes are fingerprinted from evenly spaced rows.
-_FULL_HASH_BYTES = 64 * 2**20
 
 
 @dataclass
@@ -68,50 +69,6 @@ class EvaluationPart:
     how: str
 
 
-def _is_tf_dataset(x: Any) -> bool:
-    tf = sys.modules.get("tensorflow")
-    return tf is not None and isinstance(x, tf.data.Dataset)
-
-
-def _leaves(x: Any) -> list:
-    return [] if x is None else [v for v in keras.tree.flatten(x) if v is not None]
-
-
-def _array_like(x: Any) -> bool:
-    leaves = _leaves(x)
-    return bool(leaves) and all(
-        isinstance(leaf, np.ndarray)
-        or (hasattr(leaf, "shape") and hasattr(leaf, "__array__"))
-        for leaf in leaves
-    )
-
-
-def _crc(arr: np.ndarray, crc: int = 0) -> int:
-    arr = np.ascontiguousarray(arr)
-    if arr.nbytes > _FULL_HASH_BYTES and arr.ndim > 0 and arr.shape[0] > 1:
-        step = max(1, int(arr.nbytes // _FULL_HASH_BYTES) + 1)
-        arr = np.ascontiguousarray(arr[::step])
-    return zlib.crc32(arr.view(np.uint8).reshape(-1), crc)
-
-
-def _fingerprint_arrays(*structures) -> tuple:
-    crc, shapes = 0, []
-    for leaf in (leaf for s in structures for leaf in _leaves(s)):
-        arr = np.asarray(leaf)
-        shapes.append((arr.shape, arr.dtype.str))
-        crc = _crc(arr, crc)
-    return ("arrays", tuple(shapes), crc)
-
-
-def _first_element_crc(iterable) -> int:
-    crc = 0
-    for element in iterable:
-        for leaf in _leaves(element):
-            crc = _crc(np.asarray(leaf), crc)
-        break
-    return crc
-
-
 def _num_rows(x: Any) -> int:
     return int(np.shape(_leaves(x)[0])[0])
 
@@ -121,26 +78,11 @@ def _batches(num_rows: int, batch_size: int) -> int:
 
 
 def fingerprint(x: Any, y: Any = None, sample_weight: Any = None) -> tuple:
-    """A value equal on two ranks when they were (almost surely) given the same data.
-
-    Arrays: shapes, dtypes and a CRC-32 of their bytes (of evenly spaced rows
-    beyond 64 MiB). Datasets: their length, element structure and a CRC of the
-    first element. Generators: a CRC of their first element (pass a
-    `_Peeked` generator, see `_peek`). Other inputs: their type and the rank
-    (never equal).
-    """
+    """`data.fingerprint.fingerprint`, and for a generator (pass a `_Peeked`
+    generator, see `_peek`) a CRC of its first element."""
     if isinstance(x, _Peeked):
-        return ("generator", _first_element_crc(x.first))
-    if _array_like(x):
-        return _fingerprint_arrays(x, y, sample_weight)
-    if _is_tf_dataset(x):
-        card = int(x.cardinality())
-        return ("tf.data", card, repr(x.element_spec), _first_element_crc(x))
-    if isinstance(x, keras.utils.PyDataset):
-        n = x.num_batches
-        first = _first_element_crc([x[0]]) if n else 0
-        return ("PyDataset", n, first)
-    return ("other", type(x).__name__, runtime.rank())
+        return ("generator", first_element_crc(x.first))
+    return _fingerprint(x, y, sample_weight)
 
 
 class _Peeked:

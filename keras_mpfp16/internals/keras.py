@@ -337,6 +337,40 @@ def checkpoint_should_save(
     return callback._should_save_model(epoch, batch, logs, filepath)
 
 
+class checkpoint_bookkeeping_only:  # noqa: N801 - used like a function
+    """Context manager: a `ModelCheckpoint` keeps its books but writes nothing.
+
+    While active, the callback's writing hook (`_save_model`) only fills in
+    the file name and runs Keras's own save decision
+    (`checkpoint_should_save`, which updates `best`); no directory is made
+    and nothing is saved. For ranks other than 0, so that every rank's
+    callback object holds the state rank 0's does. Removes the instance
+    attribute on exit (restoring one the user had set).
+    """
+
+    def __init__(self, callback: keras.callbacks.ModelCheckpoint):
+        self.callback = callback
+        self._own = None
+
+    def __enter__(self):
+        callback = self.callback
+        self._own = callback.__dict__.get(MODEL_CHECKPOINT_SAVE_METHOD)
+
+        def bookkeeping(epoch, batch, logs):
+            path = checkpoint_file_path(callback, epoch, batch, logs)
+            checkpoint_should_save(callback, epoch, batch, logs, path)
+
+        setattr(callback, MODEL_CHECKPOINT_SAVE_METHOD, bookkeeping)
+        return self
+
+    def __exit__(self, *exc):
+        if self._own is not None:
+            setattr(self.callback, MODEL_CHECKPOINT_SAVE_METHOD, self._own)
+        else:
+            delattr(self.callback, MODEL_CHECKPOINT_SAVE_METHOD)
+        return False
+
+
 STEP_FUNCTIONS = _register(
     "keras.reset_step_functions",
     "Model.train_function / test_function / predict_function, rebuilt by "
@@ -397,6 +431,28 @@ _check_signature(
 def flatten_layers(model: keras.layers.Layer) -> list:
     """`model` and every layer nested in it (sublayers of layers included)."""
     return list(model._flatten_layers(include_self=True, recursive=True))
+
+
+SYMBOLIC_BUILD = _register(
+    "keras.symbolic_build",
+    "keras.Model._symbolic_build (what Keras's fit runs under a tf.distribute "
+    "strategy to build the model before the first step)",
+    "replica state: a model not built before fit is built from its data's "
+    "shapes, so rank 0's variables exist to be broadcast before the first step",
+)
+_check_signature(
+    SYMBOLIC_BUILD,
+    getattr(keras.Model, "_symbolic_build", None),
+    ("iterator", "data_batch"),
+)
+
+
+def symbolic_build(model: keras.Model, data_batch: Any) -> None:
+    """Builds `model`, its compiled loss/metrics and its optimizer from the
+    shapes of `data_batch` (an `(x, y, sample_weight)` batch: arrays, tensors
+    or `tf.TensorSpec`s), as Keras does before `fit` under a strategy. No
+    step runs; only shapes and dtypes are read."""
+    model._symbolic_build(data_batch=data_batch)
 
 
 INITIAL_EPOCH = _register(
@@ -673,6 +729,7 @@ def _probe_build_optimizer_base() -> None:
 
 
 def _probe_checkpoint_hooks() -> None:
+    import os
     import tempfile
 
     saved = []
@@ -694,6 +751,21 @@ def _probe_checkpoint_hooks() -> None:
         want = [tmp + "/m-01.keras", tmp + "/m-03.keras"]
         if saved != want:
             raise AssertionError(f"saved {saved}, expected {want}")
+        # Bookkeeping only: the best value moves, no file is written.
+        stock = keras.callbacks.ModelCheckpoint(
+            tmp + "/sub/n-{epoch:02d}.keras", save_best_only=True
+        )
+        stock.set_model(_tiny_model())
+        with checkpoint_bookkeeping_only(stock):
+            for epoch, loss in enumerate([1.0, 2.0, 0.5]):
+                stock.on_epoch_end(epoch, {"val_loss": loss})
+        if stock.best != 0.5 or os.path.exists(tmp + "/sub"):
+            raise AssertionError(
+                f"bookkeeping only: best {stock.best}, wrote "
+                f"{os.path.exists(tmp + '/sub')}"
+            )
+        if MODEL_CHECKPOINT_SAVE_METHOD in vars(stock):
+            raise AssertionError("checkpoint_bookkeeping_only left its hook behind")
 
 
 def _probe_step_functions() -> None:
@@ -721,6 +793,28 @@ def _probe_flatten_layers() -> None:
     model = _tiny_model()
     if model not in flatten_layers(model) or len(flatten_layers(model)) < 2:
         raise AssertionError("flatten_layers did not list the model and its layers")
+
+
+def _probe_symbolic_build() -> None:
+    import numpy as np
+
+    class Net(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(3)
+
+        def call(self, x):
+            return self.dense(x)
+
+    model = Net()
+    model.compile(optimizer="sgd", loss="mse")
+    symbolic_build(model, (np.zeros((2, 4), "float32"), np.zeros((2, 3), "float32")))
+    shapes = [tuple(v.shape) for v in model.trainable_variables]
+    if shapes != [(4, 3), (3,)] or not model.optimizer.built:
+        raise AssertionError(
+            f"symbolic_build left variables {shapes}, optimizer built: "
+            f"{model.optimizer.built}"
+        )
 
 
 def _probe_initial_epoch() -> None:
@@ -827,6 +921,7 @@ _PROBES = {
     MODEL_CHECKPOINT_HOOKS.accessor: _probe_checkpoint_hooks,
     STEP_FUNCTIONS.accessor: _probe_step_functions,
     FLATTEN_LAYERS.accessor: _probe_flatten_layers,
+    SYMBOLIC_BUILD.accessor: _probe_symbolic_build,
     INITIAL_EPOCH.accessor: _probe_initial_epoch,
     BACKUP_PATHS.accessor: _probe_backup_paths,
     ARRAY_DATASET.accessor: _probe_array_datasets,
@@ -864,6 +959,7 @@ __all__ = [
     "set_initial_epoch",
     "build_optimizer_base",
     "check",
+    "checkpoint_bookkeeping_only",
     "checkpoint_file_path",
     "checkpoint_should_save",
     "get_learning_rate_slot",
@@ -875,6 +971,7 @@ __all__ = [
     "reset_step_functions",
     "rnn_loop",
     "set_learning_rate_slot",
+    "symbolic_build",
     "train_validation_split",
     "wrap_model_supports_jit",
 ]

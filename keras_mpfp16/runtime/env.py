@@ -447,6 +447,19 @@ register(
 )
 
 
+register(
+    "ROOT_STDOUT_ONLY",
+    "bool",
+    False,
+    read="at import",
+    python=False,
+    doc="`1` makes `import keras_mpfp16` send all standard output of ranks "
+    "other than 0 to `os.devnull` (the user's `print`, C extensions, "
+    "subprocesses), as `keras_mpfp16.root_stdout_only()` does; stderr is kept. "
+    "See [Callbacks](callbacks.md).",
+)
+
+
 # -- the reference page -----------------------------------------------------------
 
 

@@ -5,15 +5,22 @@ or `TensorBoard` write the same files at the same time: HDF5 lock errors,
 corrupt zip files, `FileExistsError`, interleaved CSV lines. In `fit` of a
 model compiled with a `DistributedOptimizer` (more than one process):
 
-- `ModelCheckpoint`, `CSVLogger`, `TensorBoard`, `RemoteMonitor` (and
-  subclasses) run on rank 0 only; on the other ranks they are replaced by a
-  stand-in that only forwards `set_model`/`set_params`. All ranks hold the
-  same model and, with global logs, the same logs, so rank 0's files are the
-  job's.
-- On rank 0, `model.save` and `model.save_weights` write atomically while
-  `fit` runs (`atomic_saves`): to a temporary file in the same directory,
+- `ModelCheckpoint` and `CSVLogger` (and subclasses) write on rank 0 only.
+  On the other ranks the user's object still runs every hook with the same
+  (global) logs, with its writes switched off (`BookkeepingOnly`), so its
+  state - `ModelCheckpoint.best`, `CSVLogger.keys`, ... - is rank 0's on
+  every rank and code reading it after `fit` takes the same branch
+  everywhere. `TensorBoard` and `RemoteMonitor` run on rank 0 only; on the
+  other ranks a stand-in only forwards `set_model`/`set_params` (their
+  public attributes are their arguments, which `fit` does not change; their
+  counters and writers are private). All ranks hold the same model and,
+  with global logs, the same logs, so rank 0's files are the job's.
+- `model.save` and `model.save_weights` write atomically on every rank of
+  a multi-process job, inside and outside `fit` (`wrap_save`, installed on
+  `keras.Model` at import): to a temporary file in the same directory,
   fsync'ed, then renamed over the target. A process killed mid-write leaves
-  the previous complete checkpoint.
+  the previous complete file; ranks saving the same path at once each
+  replace it whole.
 - `BackupAndRestore` writes on rank 0 only, and its weights and metadata
   files replace the previous backup *together* (`SafeBackupAndRestore`): a
   backup directory is written next to the real one and swapped in by
@@ -38,16 +45,19 @@ from keras_mpfp16.callbacks.checkpoint import (
     _fsync_dir,
     _fsync_file,
     atomic_write,
+    in_atomic_write,
 )
 from keras_mpfp16.callbacks.root_only import RootOnly
 from keras_mpfp16.internals import keras as keras_internals
-from keras_mpfp16.runtime import timeline
+from keras_mpfp16.optimizer import DistributedOptimizer
+from keras_mpfp16.runtime import timeline, world
 
 # Callbacks whose only effect is writing files (or sending logs out): one
-# writer per job.
+# writer per job. The first two keep state users read after fit: on ranks
+# other than 0 they run without writing; the others are stood in for.
+BOOKKEEPING_TYPES = (keras.callbacks.ModelCheckpoint, keras.callbacks.CSVLogger)
 ROOT_ONLY_TYPES = (
-    keras.callbacks.ModelCheckpoint,
-    keras.callbacks.CSVLogger,
+    *BOOKKEEPING_TYPES,
     keras.callbacks.TensorBoard,
     keras.callbacks.RemoteMonitor,
 )
@@ -55,55 +65,150 @@ ROOT_ONLY_TYPES = (
 
 def make_safe(callback: keras.callbacks.Callback) -> keras.callbacks.Callback:
     """The callback to run in its place on this rank (often itself)."""
-    if isinstance(callback, (RootOnly, AtomicModelCheckpoint, SafeBackupAndRestore)):
+    if isinstance(callback, RootOnly) and isinstance(
+        callback.callback, BOOKKEEPING_TYPES
+    ):
+        # root_only(ModelCheckpoint(...)): rank 0 still writes alone, and the
+        # object's state is kept on every rank as for an unwrapped one.
+        callback = callback.callback
+    if isinstance(
+        callback,
+        (RootOnly, AtomicModelCheckpoint, SafeBackupAndRestore, BookkeepingOnly),
+    ):
         return callback
     if isinstance(callback, keras.callbacks.BackupAndRestore):
         return SafeBackupAndRestore(callback)
-    if isinstance(callback, ROOT_ONLY_TYPES) and not runtime.is_root():
+    if runtime.is_root():
+        return callback
+    if isinstance(callback, BOOKKEEPING_TYPES):
+        return BookkeepingOnly(callback)
+    if isinstance(callback, ROOT_ONLY_TYPES):
         return RootOnly(callback)
     return callback
 
 
-class atomic_saves:  # noqa: N801 - used like a function
-    """Context manager: `model.save`/`model.save_weights` write atomically.
+_HOOKS = (
+    "on_train_begin",
+    "on_train_end",
+    "on_epoch_begin",
+    "on_epoch_end",
+    "on_test_begin",
+    "on_test_end",
+    "on_predict_begin",
+    "on_predict_end",
+    "on_train_batch_begin",
+    "on_train_batch_end",
+    "on_test_batch_begin",
+    "on_test_batch_end",
+    "on_predict_batch_begin",
+    "on_predict_batch_end",
+)
 
-    Sets instance attributes that wrap the model's own methods, and removes
-    them on exit (restoring any the user had set).
+
+class BookkeepingOnly(keras.callbacks.Callback):
+    """Runs a `ModelCheckpoint` or `CSVLogger` on a rank other than 0,
+    writing nothing.
+
+    Every hook of the user's object runs, with the logs rank 0 sees (logs
+    are global), so its state after `fit` is rank 0's: `best` and the save
+    counters of a `ModelCheckpoint` (Keras's own save decision runs, the
+    save and the directory creation do not), the `keys` and `append_header`
+    of a `CSVLogger` (its rows go to `os.devnull`). Keras's asynchronous
+    batch-hook dispatch is allowed exactly when the user's callback allows it,
+    as on rank 0.
+
+    Args:
+        callback: The user's `ModelCheckpoint` or `CSVLogger`.
     """
 
-    _NAMES = ("save", "save_weights")
+    def __init__(self, callback: keras.callbacks.Callback):
+        super().__init__()
+        self.callback = callback
+        self.async_safe = bool(getattr(callback, "async_safe", False))
 
-    def __init__(self, model: keras.Model):
-        self.model = model
-        self._saved: dict = {}
+    def set_model(self, model):
+        super().set_model(model)
+        self.callback.set_model(model)
 
-    def __enter__(self):
-        for name in self._NAMES:
-            own = self.model.__dict__.get(name)
-            self._saved[name] = own
-            method = own if own is not None else getattr(self.model, name)
-            setattr(self.model, name, _atomic(method))
-        return self
+    def set_params(self, params):
+        super().set_params(params)
+        self.callback.set_params(params)
 
-    def __exit__(self, *exc):
-        for name, own in self._saved.items():
-            if own is not None:
-                setattr(self.model, name, own)
-            elif name in self.model.__dict__:
-                delattr(self.model, name)
-        return False
+    def _run(self, name: str, args: tuple, kwargs: dict) -> None:
+        hook = getattr(self.callback, name)
+        if isinstance(self.callback, keras.callbacks.ModelCheckpoint):
+            with keras_internals.checkpoint_bookkeeping_only(self.callback):
+                hook(*args, **kwargs)
+        elif name == "on_train_begin":  # CSVLogger: opens its file here
+            _csv_logger_begin(self.callback, lambda: hook(*args, **kwargs))
+        else:
+            hook(*args, **kwargs)
 
 
-def _atomic(save):
-    @functools.wraps(save)
-    def atomic_save(filepath, *args, **kwargs):
-        if not isinstance(filepath, (str, os.PathLike)):
-            return save(filepath, *args, **kwargs)  # e.g. a file object
-        kwargs.setdefault("overwrite", True)
-        atomic_write(filepath, lambda path: save(path, *args, **kwargs))
+def _forward(name: str):
+    def hook(self, *args, **kwargs):
+        self._run(name, args, kwargs)
 
-    atomic_save._keras_mpfp16_atomic = True
-    return atomic_save
+    hook.__name__ = name
+    return hook
+
+
+for _name in _HOOKS:
+    setattr(BookkeepingOnly, _name, _forward(_name))
+
+
+def _csv_logger_begin(logger: keras.callbacks.CSVLogger, begin) -> None:
+    """`CSVLogger.on_train_begin` writing to `os.devnull`; `append_header` as
+    rank 0 computes it from the real file (read only: rank 0 writes nothing
+    before the first epoch ends, after the ranks' sync)."""
+    filename = logger.filename
+    append_header = True
+    if logger.append and os.path.exists(filename):
+        with open(filename) as f:
+            append_header = not bool(len(f.readline()))
+    logger.filename = os.devnull
+    try:
+        begin()
+    finally:
+        logger.filename = filename
+    logger.append_header = append_header
+
+
+def wrap_save(original):
+    """`keras.Model.save` / `save_weights`, atomic on every rank under mpirun.
+
+    For a model compiled with a `DistributedOptimizer` in a job of more than
+    one process (`world.launched_size()`: no MPI call, so a lone call
+    inside `if kmp.is_root():` - or on any one rank - never waits for
+    anyone), each call writes a temporary file of its own in the target's
+    directory (`temporary_path`: process id and rank in the name), fsyncs
+    it and renames it over the target (`atomic_write`). N ranks saving the
+    same path at once (a script without `if kmp.is_root():`) then each
+    replace the file whole with their own complete copy of the same model:
+    no HDF5 lock error, no torn file, and a rank that loads the file after
+    its own save reads a complete one. Inside `fit` the stock checkpoint
+    callbacks write from rank 0 only; their saves go through here too.
+    Passed through unchanged: other models, one process, file objects,
+    `overwrite=False`, `zipped=False` (a directory) and saves made inside
+    an atomic write (the temporary file itself).
+    """
+
+    @functools.wraps(original)
+    def save(self, filepath, *args, **kwargs):
+        overwrite = args[0] if args else kwargs.get("overwrite", True)
+        if (
+            not isinstance(getattr(self, "optimizer", None), DistributedOptimizer)
+            or world.launched_size() == 1
+            or not isinstance(filepath, (str, os.PathLike))
+            or overwrite is False
+            or kwargs.get("zipped") is False
+            or in_atomic_write()
+        ):
+            return original(self, filepath, *args, **kwargs)
+        atomic_write(filepath, lambda path: original(self, path, *args, **kwargs))
+
+    save._keras_mpfp16_hook = True
+    return save
 
 
 class SafeBackupAndRestore(keras.callbacks.Callback):

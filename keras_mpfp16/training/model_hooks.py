@@ -39,7 +39,7 @@ from keras_mpfp16.callbacks.rank_output import quiet_non_root_ranks
 from keras_mpfp16.internals import keras as keras_internals
 from keras_mpfp16.optimizer import DistributedOptimizer, engines
 from keras_mpfp16.runtime import env, rendezvous, world
-from keras_mpfp16.training import run
+from keras_mpfp16.training import files, run
 
 AUTOTUNE_ENV = "KERAS_MPFP16_TFDATA_AUTOTUNE"  # registered in runtime.env
 _MARK = "_keras_mpfp16_hook"
@@ -138,8 +138,14 @@ def _without_global_metrics(callbacks):
 
 
 def install() -> None:
-    """Wraps `keras.Model.fit` and `keras.Model.evaluate` (idempotent)."""
-    for name, wrap in (("fit", _wrap_fit), ("evaluate", _wrap_evaluate)):
+    """Wraps `keras.Model.fit`, `evaluate`, `save` and `save_weights`
+    (idempotent; `save`/`save_weights`: see `training.files.wrap_save`)."""
+    for name, wrap in (
+        ("fit", _wrap_fit),
+        ("evaluate", _wrap_evaluate),
+        ("save", files.wrap_save),
+        ("save_weights", files.wrap_save),
+    ):
         original = getattr(keras.Model, name)
         if getattr(original, _MARK, False):
             continue

@@ -28,7 +28,11 @@ rank's lanes carry its own sequences) and are never touched.
 
 from __future__ import annotations
 
+import sys
+import types
+import warnings
 import zlib
+from typing import Any
 
 import keras
 import numpy as np
@@ -112,10 +116,121 @@ def hyperparameter_slots(model):
     return [rate, _settings_fingerprint(optimizer)], _HYPERPARAMETER_MESSAGE
 
 
+def is_built(model) -> bool:
+    """Whether every layer of `model` has its variables (Keras's own test)."""
+    return all(layer.built for layer in keras_internals.flatten_layers(model))
+
+
+def _leading_rows(leaf: Any, rows: int) -> np.ndarray:
+    if hasattr(leaf, "iloc"):  # pandas: positional rows
+        return np.asarray(leaf.iloc[:rows])
+    return np.asarray(leaf[:rows])
+
+
+def _shape_batch(arguments: dict) -> Any:
+    """Something with the shapes of `fit`'s first batch, or None.
+
+    Arrays: their first rows; a `tf.data.Dataset`: its `element_spec`; a
+    `PyDataset`: its first batch; a Python generator: its first batch, put
+    back in front (`arguments["x"]` becomes a generator that yields it first,
+    as Keras's own generator adapter does when it peeks).
+    """
+    x, y, sample_weight = (arguments.get(k) for k in ("x", "y", "sample_weight"))
+    if _is_tf_dataset(x):
+        return x.element_spec
+    if isinstance(x, keras.utils.PyDataset):
+        return None if x.num_batches == 0 else x[0]
+    if isinstance(x, types.GeneratorType):
+        try:
+            first = next(x)
+        except StopIteration:
+            return None
+
+        def restored(gen=x):
+            yield first
+            yield from gen
+
+        arguments["x"] = restored()
+        return first
+    leaves = [v for v in keras.tree.flatten((x, y, sample_weight)) if v is not None]
+    if not leaves or not all(
+        hasattr(v, "shape") and hasattr(v, "__getitem__") for v in leaves
+    ):
+        return None
+    rows = arguments.get("batch_size") or 32  # Keras's default for arrays
+
+    def first_rows(v):
+        return None if v is None else _leading_rows(v, rows)
+
+    return keras.tree.map_structure(first_rows, (x, y, sample_weight))
+
+
+def _is_tf_dataset(x: Any) -> bool:
+    tf = sys.modules.get("tensorflow")
+    return tf is not None and isinstance(x, tf.data.Dataset)
+
+
+_DEFERRED_SYNC_WARNING = (
+    "keras_mpfp16: the model is not built when fit starts and could not be "
+    "built from the shapes of its input ({why}), so the ranks are synced "
+    "inside the first update instead (as in a custom training loop): the "
+    "first update averages gradients that each rank computed at its own "
+    "initial weights, and only trainable and optimizer variables are taken "
+    "from rank 0. For the first update one process would make, build the "
+    "model before fit (call it on a batch: model(x[:1])) or seed every rank "
+    "alike (keras.utils.set_random_seed)."
+)
+
+
+def build_before_fit(model, arguments: dict) -> bool:
+    """Builds a model that is not built yet from the shapes of `fit`'s input.
+
+    Keras (TensorFlow backend, no strategy) builds such a model - a
+    subclassed model, or a `Sequential` without an `Input` - while it traces
+    the first train step, which is too late for `sync_from_root`: rank 0's
+    initial weights must exist before the first step to be broadcast. This
+    runs Keras's own pre-`fit` build (the one it runs under a `tf.distribute`
+    strategy) from the shapes of the first batch (see `_shape_batch`). No
+    step runs and no MPI call is made.
+
+    Args:
+        model: The model `fit` was called on.
+        arguments: `fit`'s bound arguments; `"x"` is replaced when it is a
+            Python generator whose first batch was read.
+
+    Returns:
+        Whether the model is built now. False for an input with no shapes
+        to read or a model Keras could not build symbolically (warned);
+        `sync_from_root` then leaves the sync to the first update.
+    """
+    if is_built(model):
+        return True
+    batch = _shape_batch(arguments)
+    why = f"a {type(arguments.get('x')).__name__} input" if batch is None else ""
+    if batch is not None:
+        try:
+            keras_internals.symbolic_build(model, batch)
+        except Exception as exc:  # noqa: BLE001 - Keras raises it again in the step
+            why = f"{type(exc).__name__}: {exc}"
+    if is_built(model):
+        return True
+    warnings.warn(_DEFERRED_SYNC_WARNING.format(why=why), stacklevel=3)
+    return False
+
+
 def sync_from_root(model) -> None:
     """Before the first step: the model signature check, then rank 0's value of
-    every model and optimizer variable on every rank (one fused broadcast)."""
+    every model and optimizer variable on every rank (one fused broadcast).
+
+    A model that is still not built (see `build_before_fit`) has no variables
+    to send yet: then nothing happens here and the optimizer's first update
+    syncs, as in a custom training loop, after its model signature check.
+    The ranks agree on this branch when they run the same script: each ran
+    the same pre-`fit` build on inputs of the same shapes.
+    """
     optimizer = model.optimizer
+    if not is_built(model):
+        return
     if not optimizer.built:
         # Keras would build it inside the first (traced) train step, with the
         # same variables; its state must exist now to be broadcast.

@@ -18,7 +18,6 @@ import weakref
 
 import keras
 
-from keras_mpfp16 import runtime
 from keras_mpfp16.callbacks.global_metrics import (
     GlobalMetrics,
     MetricReduction,
@@ -200,13 +199,13 @@ def run_fit(original, arguments: dict):
     """Keras's `fit` (`original`) with this process's part of a collective fit."""
     model = arguments["self"]
     run = DistributedRun(model, training=True)
+    # Before Keras's fit: rank 0's variables must exist when it broadcasts
+    # them (on_train_begin), not only once the first step is traced.
+    replica.build_before_fit(model, arguments)
     run.split_validation(arguments)
     arguments["callbacks"] = run.callbacks(arguments.get("callbacks"))
     run.reduction.set_active(True)
     try:
-        if runtime.is_root():
-            with files.atomic_saves(model):
-                return original(**arguments)
         return original(**arguments)
     finally:
         run.reduction.set_active(False)

@@ -1,0 +1,104 @@
+"""A cheap digest of a data set, for telling whether ranks hold the same data.
+
+Used by `shard` (every rank must pass the same data) and by the evaluation
+split (`split`: the same data everywhere, or each rank its own). One value
+per rank, gathered in one collective call by the caller.
+
+What it catches, exactly:
+
+- arrays (numpy, and anything `np.asarray` reads, in any nesting): any
+  difference in the structure, a shape or a dtype; any difference in the
+  bytes of an array up to 64 MiB (CRC-32: two different arrays agree by
+  chance with probability about 2^-32); beyond 64 MiB, any difference in
+  the rows it reads, which are evenly spaced (every k-th row, k chosen so
+  about 64 MiB are read): data generated or shuffled differently on each
+  rank differs in every row and is caught; a change confined to rows it
+  does not read (an edit to a few rows of a large array) is not;
+- a `tf.data.Dataset`: its cardinality, its element structure and the
+  bytes of its first element (the pipeline runs once up to that element;
+  a dataset shuffled differently per rank before `shard` has a different
+  first element and is caught; later elements are not read);
+- a `keras.utils.PyDataset`: its number of batches and its first batch;
+- a generator (in the evaluation split, which reads its first element
+  and puts it back): the bytes of its first element;
+- anything else: never equal across ranks.
+"""
+
+from __future__ import annotations
+
+import sys
+import zlib
+from typing import Any
+
+import keras
+import numpy as np
+
+from keras_mpfp16 import runtime
+
+# Arrays above this many bytes are fingerprinted from evenly spaced rows.
+FULL_HASH_BYTES = 64 * 2**20
+
+
+def is_tf_dataset(x: Any) -> bool:
+    # Only a process that imported TensorFlow can hold a tf.data.Dataset.
+    tf = sys.modules.get("tensorflow")
+    return tf is not None and isinstance(x, tf.data.Dataset)
+
+
+def leaves(x: Any) -> list:
+    return [] if x is None else [v for v in keras.tree.flatten(x) if v is not None]
+
+
+def array_like(x: Any) -> bool:
+    found = leaves(x)
+    return bool(found) and all(
+        isinstance(leaf, np.ndarray)
+        or (hasattr(leaf, "shape") and hasattr(leaf, "__array__"))
+        for leaf in found
+    )
+
+
+def _crc(arr: np.ndarray, crc: int = 0) -> int:
+    if arr.nbytes > FULL_HASH_BYTES and arr.ndim > 0 and arr.shape[0] > 1:
+        # Sample before copying: a strided view of a large array would
+        # otherwise be copied whole first.
+        step = max(1, int(arr.nbytes // FULL_HASH_BYTES) + 1)
+        arr = arr[::step]
+    arr = np.ascontiguousarray(arr)
+    return zlib.crc32(arr.view(np.uint8).reshape(-1), crc)
+
+
+def fingerprint_arrays(*structures) -> tuple:
+    """Shapes, dtypes and a CRC-32 of the bytes of every array in `structures`."""
+    crc, shapes = 0, []
+    for leaf in (leaf for s in structures for leaf in leaves(s)):
+        arr = np.asarray(leaf)
+        shapes.append((arr.shape, arr.dtype.str))
+        crc = _crc(arr, crc)
+    return ("arrays", tuple(shapes), crc)
+
+
+def first_element_crc(iterable) -> int:
+    crc = 0
+    for element in iterable:
+        for leaf in leaves(element):
+            crc = _crc(np.asarray(leaf), crc)
+        break
+    return crc
+
+
+def fingerprint(x: Any, y: Any = None, sample_weight: Any = None) -> tuple:
+    """A value equal on two ranks when they were (almost surely) given the same data.
+
+    See the module docstring for what differences it catches.
+    """
+    if array_like(x):
+        return fingerprint_arrays(x, y, sample_weight)
+    if is_tf_dataset(x):
+        card = int(x.cardinality())
+        return ("tf.data", card, repr(x.element_spec), first_element_crc(x))
+    if isinstance(x, keras.utils.PyDataset):
+        n = x.num_batches
+        first = first_element_crc([x[0]]) if n else 0
+        return ("PyDataset", n, first)
+    return ("other", type(x).__name__, runtime.rank())
