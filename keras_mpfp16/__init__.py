@@ -42,6 +42,7 @@ from keras_mpfp16.runtime import (  # noqa: E402
     rank,
     size,
 )
+from keras_mpfp16.runtime.preemption import PREEMPTED_EXIT_CODE, Preempted  # noqa: E402
 from keras_mpfp16.training import split_predict  # noqa: E402
 
 # fit/evaluate of DistributedOptimizer models run as one job on all ranks.
@@ -50,7 +51,9 @@ training.install()
 __version__ = "0.1.0"
 
 __all__ = [
+    "PREEMPTED_EXIT_CODE",
     "DistributedOptimizer",
+    "Preempted",
     "callbacks",
     "data",
     "layers",

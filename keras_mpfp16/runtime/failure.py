@@ -34,6 +34,8 @@ import sys
 import threading
 import traceback
 
+from keras_mpfp16.runtime import preemption
+
 ENV_VAR = "KERAS_MPFP16_ABORT_ON_EXCEPTION"
 # Seconds MPI_Abort may take before the process ends itself.
 ABORT_GRACE = 5.0
@@ -289,6 +291,8 @@ def _watch_exit_status(rank: int, size: int) -> None:
             raise
 
     def check():
+        if preemption.exiting():
+            return  # every rank leaves together, with the preemption status
         code, how = exit_status()
         if code not in (0, None):
             sys.stderr.write(
