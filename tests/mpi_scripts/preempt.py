@@ -69,6 +69,10 @@ class Steps(keras.callbacks.Callback):
             Steps.first_step = batch
 
     def on_train_batch_end(self, batch, logs=None):
+        log = os.environ.get("PREEMPT_STEP_LOG")  # examples/benchmarks/preemption.py
+        if log and rank == 0:
+            with open(log, "a") as f:
+                f.write(f"{Steps.epochs[-1]} {batch} {time.time()}\n")
         if mode != "run" or Steps.epochs[0] != 0:
             return  # only the first launch waits for the signal
         epoch = Steps.epochs[-1]
