@@ -10,9 +10,11 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 
 import pytest
 from mpi_launch import SCRIPTS, MPIResult, mpi_env, mpirun_path, run_mpi
+from slurm_launch import slurm  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.mpi
 
@@ -133,3 +135,79 @@ def test_signal_stops_every_rank_at_one_step_and_resumes_identically(np_, tmp_pa
             for key, values in r["history"].items():
                 assert values == want["history"][key][1:], (backup, key)
         assert not backup_dir.exists()  # a finished fit deletes its backup
+
+
+def _srun_signalled(n, out_dir, env, timeout=400):
+    """`srun --mpi=pmix -n N` of the `run` job; at the marker step
+    `scancel --signal=TERM` (every task gets SIGTERM from Slurm)."""
+    from slurm_launch import SRUN_ENV
+
+    name = f"kmp-preempt-{uuid.uuid4().hex[:8]}"
+    cmd = [
+        "srun",
+        f"--job-name={name}",
+        "--mpi=pmix",
+        "-n",
+        str(n),
+        "--overcommit",
+        sys.executable,
+        str(SCRIPTS / "preempt.py"),
+        str(out_dir),
+        "run",
+        "own",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=mpi_env({**SRUN_ENV, **env}),
+        start_new_session=True,
+    )
+    start = time.monotonic()
+    markers = [out_dir / f"ready.{r}" for r in range(n)]
+    try:
+        while not all(m.exists() for m in markers):
+            if proc.poll() is not None or time.monotonic() - start > timeout:
+                break
+            time.sleep(0.05)
+        else:
+            subprocess.run(
+                ["scancel", "--signal=TERM", f"--name={name}"], check=True, timeout=60
+            )
+        out, err = proc.communicate(
+            timeout=max(10, timeout - (time.monotonic() - start))
+        )
+    except subprocess.TimeoutExpired:
+        subprocess.run(["scancel", f"--name={name}"], timeout=30)
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"srun job hung\n{out[-3000:]}\n{err[-3000:]}") from None
+    return MPIResult(proc.returncode, out, err, time.monotonic() - start)
+
+
+@pytest.mark.usefixtures("slurm")
+def test_scancel_signal_term_under_srun_stops_and_resumes_identically(tmp_path):
+    """`scancel --signal=TERM` of a real `srun --mpi=pmix -n 2` job (the
+    single-node Slurm of .ci/slurm-up; skipped where it cannot run): srun
+    exits 75 with a backup at one step; `srun` again ends bitwise identical
+    to the uninterrupted run (under mpirun: srun and mpirun train the same
+    model, tests/test_slurm.py)."""
+    from slurm_launch import run_srun
+
+    (tmp_path / "full").mkdir()
+    want = ok(
+        run_mpi(2, "preempt.py", str(tmp_path / "full"), "full", "user", timeout=300)
+    )[0]
+    out_dir = tmp_path / "run"
+    out_dir.mkdir()
+    env = {"KERAS_MPFP16_PREEMPTION_DIR": str(tmp_path / "own-backups")}
+    first = _srun_signalled(2, out_dir, env)
+    assert first.returncode == PREEMPTED, first.describe()
+    stops = first.records()
+    assert len(stops) == 2 and len({(s["epoch"], s["steps_done"]) for s in stops}) == 1
+    assert stops[0]["epoch"] == 1 and 6 <= stops[0]["steps_done"] < 20, stops
+    again = ok(run_srun(2, "preempt.py", str(out_dir), "run", "own", env=env))
+    for r in again:
+        assert r["epochs_run"] == [1, 2] and r["first_step"] == stops[0]["steps_done"]
+        assert r["digest"] == want["digest"], r
