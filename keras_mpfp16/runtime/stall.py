@@ -324,6 +324,7 @@ class Inspector:
                     "network link failed; MPI would wait for it forever. This rank "
                     "leaves now.",
                     local_only=True,
+                    lost=True,
                 )
             return
         with self._lock:
@@ -343,7 +344,8 @@ class Inspector:
                 f"heard for {silent:.0f}s ({HEARTBEAT_ENV}={self.heartbeat:g}). "
                 "A node, process or network link failed; MPI would wait for "
                 f"{'it' if len(lost) == 1 else 'them'} forever.\n  "
-                + self._everyone(snapshot)
+                + self._everyone(snapshot),
+                lost=True,
             )
 
     def _describe(self, rank: int, snapshot: dict) -> str:
@@ -510,8 +512,9 @@ class Inspector:
                 f"({ABORT_ENV}).\n  {self._everyone(snapshot)}"
             )
 
-    def _fail(self, message: str, local_only: bool = False) -> None:
+    def _fail(self, message: str, local_only: bool = False, lost: bool = False) -> None:
         from keras_mpfp16.runtime.failure import abort_job
+        from keras_mpfp16.runtime.launch import report_lost
 
         if self._failed:
             return
@@ -521,6 +524,8 @@ class Inspector:
         else:
             head = f"keras_mpfp16 error (rank 0 on host {self.hosts[0]} watching {self.size} ranks)"
         sys.stderr.write(f"{head}: {message}\n")
+        if lost:  # the launcher may never end by itself: tell the wrapper
+            report_lost(f"{head}: {message}")
         abort_job(1)
 
 
