@@ -211,3 +211,53 @@ def test_scancel_signal_term_under_srun_stops_and_resumes_identically(tmp_path):
     for r in again:
         assert r["epochs_run"] == [1, 2] and r["first_step"] == stops[0]["steps_done"]
         assert r["digest"] == want["digest"], r
+
+
+def test_sigterm_to_the_launch_wrapper_reaches_the_ranks_as_a_stop(tmp_path):
+    """SIGTERM to `python -m keras_mpfp16.runtime.launch mpirun ...` (what
+    Slurm sends a batch script's processes) is passed on as SIGUSR1, which
+    mpirun forwards without killing the ranks: exit 75 with a backup. (SIGTERM
+    to mpirun itself kills the ranks ~0.5 s later, docs/reliability.md.)"""
+    out_dir = tmp_path / "run"
+    out_dir.mkdir()
+    own = tmp_path / "own-backups"
+    cmd = [
+        sys.executable,
+        "-m",
+        "keras_mpfp16.runtime.launch",
+        mpirun_path(),
+        "-np",
+        "2",
+        "--oversubscribe",
+        "--bind-to",
+        "none",
+        sys.executable,
+        str(SCRIPTS / "preempt.py"),
+        str(out_dir),
+        "run",
+        "own",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=mpi_env({"KERAS_MPFP16_PREEMPTION_DIR": str(own)}),
+        start_new_session=True,
+    )
+    start = time.monotonic()
+    try:
+        while not all((out_dir / f"ready.{r}").exists() for r in range(2)):
+            assert proc.poll() is None and time.monotonic() - start < 300
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    result = MPIResult(proc.returncode, out, err, time.monotonic() - start)
+    assert result.returncode == PREEMPTED, result.describe()
+    stops = result.records()
+    assert len(stops) == 2 and all(s["signal"] == signal.SIGUSR1 for s in stops)
+    assert _metadata(own / "fit-1")["keras_mpfp16"]["steps_done"] > 0
