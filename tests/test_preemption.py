@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -106,3 +107,32 @@ def test_ignored_signal_stays_ignored():
         """
     )
     assert result.returncode == 0 and "ok" in result.stdout, result
+
+
+def test_launch_wrapper_passes_status_and_ends_a_launcher_that_lost_a_rank(
+    tmp_path, capfd
+):
+    """runtime.launch with stand-in launchers (sh): the status passes through;
+    a verdict written by a "rank" (report_lost, through the environment)
+    makes it kill a launcher that does not end and exit 69 with the message."""
+    from keras_mpfp16.runtime import launch
+
+    assert launch.run(["sh", "-c", "exit 3"]) == 3
+    assert launch.run(["sh", "-c", "kill -TERM $$"]) == 128 + signal.SIGTERM
+    rank = (
+        "import os, time; from keras_mpfp16.runtime.launch import report_lost; "
+        "report_lost('rank 2 (host n3) is unreachable'); time.sleep(120)"
+    )
+    started = time.monotonic()
+    code = launch.run([sys.executable, "-c", rank], grace=1.0)
+    assert code == launch.NODE_LOST_EXIT_CODE == 69
+    assert time.monotonic() - started < 60
+    err = capfd.readouterr().err
+    assert "rank 2 (host n3) is unreachable" in err
+    assert "did not end within 1s of it and was killed" in err
+    # Launcher exits 0 after a verdict (mpirun with keepalive): still 69.
+    rank0 = rank.replace("time.sleep(120)", "pass")
+    assert launch.run([sys.executable, "-c", rank0]) == 69
+    # Not under the wrapper: report_lost does nothing.
+    os.environ.pop(launch.VERDICT_ENV, None)
+    launch.report_lost("ignored")

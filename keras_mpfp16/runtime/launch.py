@@ -91,8 +91,8 @@ def run(argv: list[str], grace: float = GRACE) -> int:
         except ProcessLookupError:
             pass
 
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(sig, forward)
+    forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+    previous = {sig: signal.signal(sig, forward) for sig in forwarded}
     try:
         seen, killed = None, False
         while True:
@@ -124,6 +124,8 @@ def run(argv: list[str], grace: float = GRACE) -> int:
         )
         return NODE_LOST_EXIT_CODE
     finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         shutil.rmtree(directory, ignore_errors=True)
 
 
