@@ -55,6 +55,7 @@ from keras_mpfp16.runtime import (  # noqa: E402
     rank,
     size,
 )
+from keras_mpfp16.runtime.preemption import PREEMPTED_EXIT_CODE, Preempted  # noqa: E402
 from keras_mpfp16.training import split_predict  # noqa: E402
 
 # fit/evaluate of DistributedOptimizer models run as one job on all ranks.
@@ -62,7 +63,9 @@ training.install()
 
 
 __all__ = [
+    "PREEMPTED_EXIT_CODE",
     "DistributedOptimizer",
+    "Preempted",
     "callbacks",
     "config",
     "data",

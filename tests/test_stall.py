@@ -231,7 +231,7 @@ def test_rank_0_silence_makes_a_rank_leave_by_itself(monkeypatch):
     assert len(failures) == 1
     msg, kw = failures[0]
     assert "rank 0 (host a) is unreachable from rank 2 (host c)" in msg
-    assert kw == {"local_only": True}
+    assert kw == {"local_only": True, "lost": True}
 
 
 def test_heartbeat_setting_is_validated(monkeypatch):

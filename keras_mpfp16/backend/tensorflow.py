@@ -27,7 +27,7 @@ from keras_mpfp16.internals.tensorflow import (  # noqa: F401  (bridge API)
     devices_initialized,
     in_xla_context,
 )
-from keras_mpfp16.runtime import collectives, world
+from keras_mpfp16.runtime import collectives, preemption, world
 
 _XLA_ASSERT_WARNING = (
     "keras_mpfp16: this train step is compiled with XLA, which cannot raise "
@@ -37,7 +37,7 @@ _XLA_ASSERT_WARNING = (
 )
 
 
-def allreduce_tensors(tensors, op: str = "sum"):
+def allreduce_tensors(tensors, op: str = "sum", carry_preemption: bool = False):
     """Reduces a few small tensors of any numeric dtype in one MPI call, in-graph.
 
     For bookkeeping state such as metric accumulators, not gradients: values
@@ -47,16 +47,23 @@ def allreduce_tensors(tensors, op: str = "sum"):
     Args:
         tensors: list of tensors (or variables).
         op: `"sum"`, `"average"`, `"min"` or `"max"`.
+        carry_preemption: Also carry this rank's preemption request in the
+            same MPI call (`runtime.preemption.allreduce_carrying`; `"sum"`
+            only). Every rank must pass the same value for the same call.
 
     Returns:
         List of reduced tensors, identical on every rank.
     """
+    if carry_preemption and op != "sum":
+        raise ValueError(f"carry_preemption needs op='sum', got op={op!r}")
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     if not tensors or world.size() == 1:
         return tensors
     flat = tf.concat([tf.reshape(tf.cast(t, tf.float64), [-1]) for t in tensors], 0)
 
     def reduce(buf):
+        if carry_preemption:
+            return preemption.allreduce_carrying(buf)
         return collectives.allreduce(buf, op=op).astype(np.float64)
 
     out = ordered(lambda: tf.numpy_function(reduce, [flat], tf.float64, stateful=True))

@@ -47,7 +47,7 @@ from keras_mpfp16 import backend as backends
 from keras_mpfp16 import runtime
 from keras_mpfp16.callbacks import step_hooks
 from keras_mpfp16.internals import keras as keras_internals
-from keras_mpfp16.runtime import progress
+from keras_mpfp16.runtime import preemption, progress
 
 # Outermost of the step hooks, so logs added by inner hooks (the learning
 # rate) pass through and the metric reduction sees the whole step.
@@ -153,7 +153,9 @@ class MetricReduction:
         bridge = backends.bridge()
         return ops.cond(
             ops.greater(self.active, 0),
-            lambda: bridge.allreduce_tensors([flat], op="sum")[0],
+            lambda: bridge.allreduce_tensors([flat], op="sum", carry_preemption=True)[
+                0
+            ],
             lambda: flat,
         )
 
@@ -265,8 +267,9 @@ class MetricReduction:
         zeros = np.zeros(sum(sizes) + 1, dtype=np.float64)
         while True:
             # The same call (and collective name, for the stall inspector) as
-            # the in-step reduction in `allreduce_tensors`, which it matches.
-            summed = runtime.allreduce(zeros, op="sum")
+            # the in-step reduction in `allreduce_tensors`, which it matches,
+            # with the preemption flag too.
+            summed = preemption.allreduce_carrying(zeros)
             if summed[-1] == 0:
                 return
             offset = 0

@@ -619,6 +619,74 @@ class array_datasets_without_autotune:  # noqa: N801 - used like a function
         return False
 
 
+EPOCH_ITERATOR = _register(
+    "keras.skip_steps_of_next_epoch",
+    "keras.src.trainers.epoch_iterator.EpochIterator._enumerate_iterator "
+    "(yields (begin_step, end_step, iterator) per step)",
+    "resuming a preempted fit in the middle of an epoch (the steps already "
+    "trained are read from the input and not trained again)",
+)
+_epoch_iterator = _resolve(
+    EPOCH_ITERATOR, "keras.src.trainers.epoch_iterator", "EpochIterator"
+)
+if _epoch_iterator is not None:
+    _check_signature(
+        EPOCH_ITERATOR, getattr(_epoch_iterator, "_enumerate_iterator", None), ()
+    )
+
+
+class skip_steps_of_next_epoch:  # noqa: N801 - used like a function
+    """Context manager: the next epoch Keras's `fit` starts while it is
+    active begins at step `steps` instead of 0.
+
+    The batches of the first `steps` steps are still read from the input
+    (so the epoch's remaining batches are the ones an uninterrupted run
+    would train on) but not trained on; callbacks see the real step
+    numbers from `steps` on. `arm(n)` sets the count for the next epoch
+    iterator that starts (a training epoch: Keras creates the validation
+    iterator after the training steps of the epoch).
+    """
+
+    _depth = 0
+    _original = None
+    _pending = 0
+
+    @classmethod
+    def arm(cls, steps: int) -> None:
+        cls._pending = int(steps)
+
+    def __enter__(self):
+        cls = type(self)
+        if cls._depth == 0:
+            original = _epoch_iterator._enumerate_iterator
+
+            def _enumerate_iterator(iterator_self):
+                skip, cls._pending = cls._pending, 0
+                for begin, end, iterator in original(iterator_self):
+                    if begin < skip:
+                        try:
+                            for _ in range(end - begin + 1):
+                                next(iterator)
+                        except StopIteration:
+                            return
+                        continue
+                    yield begin, end, iterator
+
+            cls._original = original
+            _epoch_iterator._enumerate_iterator = _enumerate_iterator
+        cls._depth += 1
+        return self
+
+    def __exit__(self, *exc):
+        cls = type(self)
+        cls._depth -= 1
+        if cls._depth == 0:
+            _epoch_iterator._enumerate_iterator = cls._original
+            cls._original = None
+            cls._pending = 0
+        return False
+
+
 # Every problem found on import, in one error.
 if _import_problems:
     raise KerasInternalsError(_import_problems)
@@ -910,6 +978,36 @@ def _probe_array_datasets() -> None:
         raise AssertionError("ArrayDataAdapter.get_tf_dataset was not restored")
 
 
+def _probe_skip_steps() -> None:
+    import numpy as np
+
+    model = _tiny_model()
+    model.compile(optimizer="sgd", loss="mse")
+    x = np.arange(8, dtype="float32").reshape(4, 2)
+    y = np.zeros((4, 1), "float32")
+    seen = []
+
+    class Batches(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            seen.append(batch)
+
+    with skip_steps_of_next_epoch():
+        skip_steps_of_next_epoch.arm(3)
+        model.fit(
+            x,
+            y,
+            batch_size=1,
+            epochs=2,
+            shuffle=False,
+            verbose=0,
+            callbacks=[Batches()],
+        )
+    if seen != [3, 0, 1, 2, 3]:
+        raise AssertionError(f"steps run {seen}, expected [3, 0, 1, 2, 3]")
+    if int(model.optimizer.iterations.numpy()) != 5:
+        raise AssertionError("the skipped steps were trained")
+
+
 _PROBES = {
     RNN_LOOP.accessor: _probe_rnn_loop,
     AUTOCAST_SCOPE.accessor: _probe_read_uncast,
@@ -927,6 +1025,7 @@ _PROBES = {
     ARRAY_DATASET.accessor: _probe_array_datasets,
     METRICS_RESULT_OR_LOGS.accessor: _probe_metrics_result_or_logs,
     TRAIN_VALIDATION_SPLIT.accessor: _probe_train_validation_split,
+    EPOCH_ITERATOR.accessor: _probe_skip_steps,
 }
 
 
@@ -971,6 +1070,7 @@ __all__ = [
     "reset_step_functions",
     "rnn_loop",
     "set_learning_rate_slot",
+    "skip_steps_of_next_epoch",
     "symbolic_build",
     "train_validation_split",
     "wrap_model_supports_jit",

@@ -1,6 +1,6 @@
 """Runtime: the MPI world and numpy-level collectives. Imports no Keras."""
 
-from keras_mpfp16.runtime import failure, progress, stall
+from keras_mpfp16.runtime import failure, preemption, progress, stall
 from keras_mpfp16.runtime.collectives import (
     REDUCE_OPS,
     allgather,
@@ -40,6 +40,7 @@ __all__ = [
     "broadcast_arrays",
     "cuda_aware",
     "failure",
+    "preemption",
     "progress",
     "stall",
     "init",

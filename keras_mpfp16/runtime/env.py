@@ -460,6 +460,39 @@ register(
 )
 
 
+register(
+    "PREEMPTION",
+    "bool",
+    True,
+    read="at each distributed `fit`",
+    doc="During a multi-process `fit`, SIGTERM or SIGUSR1 on any rank stops "
+    "every rank at one agreed step, writes a backup and exits with status 75 "
+    "(`keras_mpfp16.PREEMPTED_EXIT_CODE`); a relaunch resumes at that step. "
+    "`0` leaves both signals alone. See [Reliability](reliability.md).",
+)
+register(
+    "PREEMPTION_DIR",
+    "str",
+    "keras_mpfp16_preemption",
+    read="at each distributed `fit`",
+    value_doc="a directory",
+    doc="Where the preemption backup goes when `fit` has no "
+    "`BackupAndRestore` callback (one `fit-<n>` folder per `fit` call).",
+)
+register(
+    "LAUNCH_VERDICT",
+    "str",
+    None,
+    read="when a rank declares another lost",
+    python=False,
+    value_doc="a file path",
+    doc="Set by the launch wrapper (`python -m keras_mpfp16.runtime.launch "
+    "mpirun ...`) for its ranks, not by users: the file a rank writes when its "
+    "heartbeats declare a rank or node lost, so the wrapper ends the launcher "
+    "with status 69.",
+)
+
+
 # -- the reference page -----------------------------------------------------------
 
 

@@ -34,7 +34,7 @@ import sys
 import threading
 import traceback
 
-from keras_mpfp16.runtime import env
+from keras_mpfp16.runtime import env, preemption
 
 ENV_VAR = "KERAS_MPFP16_ABORT_ON_EXCEPTION"  # registered in runtime.env
 # Seconds MPI_Abort may take before the process ends itself.
@@ -286,6 +286,8 @@ def _watch_exit_status(rank: int, size: int) -> None:
             raise
 
     def check():
+        if preemption.exiting():
+            return  # every rank leaves together, with the preemption status
         code, how = exit_status()
         if code not in (0, None):
             sys.stderr.write(

@@ -314,6 +314,7 @@ class Inspector:
                     "network link failed; MPI would wait for it forever. This rank "
                     "leaves now.",
                     local_only=True,
+                    lost=True,
                 )
             return
         with self._lock:
@@ -333,7 +334,8 @@ class Inspector:
                 f"heard for {silent:.0f}s ({HEARTBEAT_ENV}={self.heartbeat:g}). "
                 "A node, process or network link failed; MPI would wait for "
                 f"{'it' if len(lost) == 1 else 'them'} forever.\n  "
-                + self._everyone(snapshot)
+                + self._everyone(snapshot),
+                lost=True,
             )
 
     def _describe(self, rank: int, snapshot: dict) -> str:
@@ -519,8 +521,9 @@ class Inspector:
                 f"({ABORT_ENV}).\n  {self._everyone(snapshot)}"
             )
 
-    def _fail(self, message: str, local_only: bool = False) -> None:
+    def _fail(self, message: str, local_only: bool = False, lost: bool = False) -> None:
         from keras_mpfp16.runtime.failure import abort_job
+        from keras_mpfp16.runtime.launch import report_lost
 
         if self._failed:
             return
@@ -536,6 +539,8 @@ class Inspector:
                 "stall inspector ends the job", "stall", {"message": message}, "g"
             )
             recorder.flush()
+        if lost:  # the launcher may never end by itself: tell the wrapper
+            report_lost(f"{head}: {message}")
         abort_job(1)
 
 

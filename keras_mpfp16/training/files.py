@@ -29,11 +29,17 @@ model compiled with a `DistributedOptimizer` (more than one process):
   and starting epoch before the first step (`training.replica`), so the
   restart resumes on every rank from the same epoch, also with a backup
   directory only rank 0 can see.
+- Every backup it writes also records the step reached in the epoch and
+  the epoch's metric state (key `"keras_mpfp16"` of Keras's metadata file),
+  so a backup written in the middle of an epoch (`save_freq=<int>`, or at
+  a preemption, see `training.preemption`) resumes at that step, not at the
+  start of the epoch.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import os
 import shutil
 
@@ -211,6 +217,9 @@ def wrap_save(original):
     return save
 
 
+_RESUME_KEY = "keras_mpfp16"
+
+
 class SafeBackupAndRestore(keras.callbacks.Callback):
     """Runs a `keras.callbacks.BackupAndRestore` safely on many ranks.
 
@@ -236,6 +245,10 @@ class SafeBackupAndRestore(keras.callbacks.Callback):
         self.backup_dir = os.fspath(callback.backup_dir)
         self._new = self.backup_dir.rstrip("/") + ".kmp-new"
         self._old = self.backup_dir.rstrip("/") + ".kmp-old"
+        # Where training is, for the resume record of each backup.
+        self._epoch = 0
+        self._steps = 0
+        self.metric_state = None  # callable: the metric state as floats
 
     def set_model(self, model):
         super().set_model(model)
@@ -264,6 +277,18 @@ class SafeBackupAndRestore(keras.callbacks.Callback):
             self.recover()
             self.callback.on_train_begin(logs)
 
+    def resume_point(self) -> dict | None:
+        """Rank 0, after `on_train_begin`: `{"epoch", "steps_done", "metrics"}`
+        of the backup restored, when it was written by this class (None for
+        no backup, or one Keras wrote alone: resume at its epoch)."""
+        _, metadata = keras_internals.backup_paths(self.callback)
+        try:
+            with open(metadata) as f:
+                record = json.load(f).get(_RESUME_KEY)
+        except (OSError, ValueError, AttributeError):
+            return None
+        return record if isinstance(record, dict) else None
+
     # -- backup ----------------------------------------------------------------
 
     def _write(self, hook, *args) -> None:
@@ -291,6 +316,7 @@ class SafeBackupAndRestore(keras.callbacks.Callback):
         if not all(os.path.exists(p) for p in staged):
             shutil.rmtree(self._new, ignore_errors=True)  # this hook saved nothing
             return
+        self._record_resume_point(staged[1])
         for path in staged:
             _fsync_file(path)
         _fsync_dir(self._new)
@@ -300,11 +326,46 @@ class SafeBackupAndRestore(keras.callbacks.Callback):
         shutil.rmtree(self._old, ignore_errors=True)
         _fsync_dir(os.path.dirname(os.path.abspath(self.backup_dir)))
 
+    def _record_resume_point(self, metadata_path: str) -> None:
+        """Adds where training is (epoch, steps done in it, metric state) to
+        the metadata Keras wrote; Keras reads only its own keys. "epoch" is
+        set too: Keras's own count is wrong for a mid-epoch save in the
+        first epoch after a restore."""
+        with open(metadata_path) as f:
+            metadata = json.load(f)
+        metrics = self.metric_state() if self.metric_state is not None else []
+        metadata["epoch"] = self._epoch
+        metadata[_RESUME_KEY] = {
+            "epoch": self._epoch,
+            "steps_done": self._steps,
+            "metrics": [float(v) for v in metrics] if self._steps else [],
+        }
+        with open(metadata_path, "w") as f:
+            json.dump(metadata, f)
+
+    def write_now(self, epoch: int, steps_done: int) -> None:
+        """Rank 0: writes a complete backup now (a preemption), resuming at
+        step `steps_done` of `epoch` (0: at the start of `epoch`)."""
+        self._epoch, self._steps = int(epoch), int(steps_done)
+
+        def save():
+            weights, metadata = keras_internals.backup_paths(self.callback)
+            self.model.save_weights(weights, overwrite=True)
+            with open(metadata, "w") as f:
+                json.dump({"epoch": self._epoch, "batch": max(self._steps - 1, 0)}, f)
+
+        self._write(save)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch, self._steps = epoch, 0
+
     def on_epoch_end(self, epoch, logs=None):
+        self._epoch, self._steps = epoch + 1, 0
         if runtime.is_root():
             self._write(self.callback.on_epoch_end, epoch, logs)
 
     def on_train_batch_end(self, batch, logs=None):
+        self._steps = batch + 1
         if not runtime.is_root():
             return
         if self.callback.save_freq == "epoch":  # counts nothing, writes nothing

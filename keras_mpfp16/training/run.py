@@ -6,10 +6,13 @@ two callbacks it adds bracket the user's:
 - `_RunFirst` (first in the list): epoch-mode averaging of non-trainable
   state before any other callback's `on_epoch_end` (checkpoints) and before
   validation; marks evaluations for the uneven-steps protocol.
-- `_RunLast` (last in the list): before the first step, after the user's
-  `on_train_begin` (so after `BackupAndRestore` restored rank 0), the
-  replica sync of `training.replica`, the equal-steps check and the start
-  epoch agreement.
+- `_RunLast`: before the first step, after the user's `on_train_begin`
+  (so after `BackupAndRestore` restored rank 0), the replica sync of
+  `training.replica`, the equal-steps check and the start epoch agreement.
+- `training.preemption.Preemption` (last, in `fit`): stops every rank at
+  the step they agree on after a SIGTERM/SIGUSR1, with a backup, and
+  resumes a backup written mid-epoch at its step; the library's own backup
+  (when `fit` has no `BackupAndRestore`) is listed before `_RunLast`.
 """
 
 from __future__ import annotations
@@ -27,8 +30,9 @@ from keras_mpfp16.callbacks.global_metrics import (
 from keras_mpfp16.callbacks.timeline import Timeline
 from keras_mpfp16.data.split import split_for_evaluation
 from keras_mpfp16.internals import keras as keras_internals
-from keras_mpfp16.runtime import progress, timeline
+from keras_mpfp16.runtime import preemption, progress, timeline
 from keras_mpfp16.training import files, replica
+from keras_mpfp16.training import preemption as training_preemption
 
 _reductions: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _OWNER = "keras_mpfp16.training"
@@ -99,6 +103,14 @@ class DistributedRun:
             if from_env is not None:
                 timelines.append(from_env)
         ours = [*timelines, _RunFirst(self), *user, _RunLast(self)]
+        if self.training:
+            writer, own = training_preemption.writer_for(user)
+            if writer is not None:
+                # The library's own backup restores before _RunLast syncs.
+                ours[-1:-1] = [writer] if own else []
+                stop = training_preemption.Preemption(writer)
+                ours.insert(len(timelines) + 1, stop.front)  # after _RunFirst
+                ours.append(stop)
         if isinstance(callbacks, keras.callbacks.CallbackList):
             callbacks.callbacks[:] = ours
             callbacks.set_model(self.model)
@@ -206,7 +218,8 @@ def run_fit(original, arguments: dict):
     arguments["callbacks"] = run.callbacks(arguments.get("callbacks"))
     run.reduction.set_active(True)
     try:
-        return original(**arguments)
+        with preemption.handling(), keras_internals.skip_steps_of_next_epoch():
+            return original(**arguments)
     finally:
         run.reduction.set_active(False)
 

@@ -1,0 +1,133 @@
+"""A training script preempted by a real signal, then started again.
+
+`mpirun -np N python preempt.py DIR MODE BACKUP`:
+
+- MODE `full`: the uninterrupted run; `run`: the same script, slowed down
+  after the marker step (epoch 1, step 5) so the test has time to send a
+  signal mid-epoch; every rank writes `DIR/ready.<rank>` (its pid) there.
+  A relaunch is just `run` again (a backup is then restored).
+- BACKUP `user`: `fit` has a stock `keras.callbacks.BackupAndRestore`
+  (save_freq="epoch"); `own`: none (the library's own backup directory,
+  `KERAS_MPFP16_PREEMPTION_DIR`, set by the test).
+
+Ranks are seeded differently (rank 0's model wins). Prints one JSON line per
+rank after `fit` returns: the epochs run, the history, a digest of every
+model and optimizer variable. A preempted rank prints a JSON line with the
+`Preempted` exception's fields and exits with its status.
+"""
+
+import hashlib
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+import keras_mpfp16 as kmp  # noqa: E402
+
+out_dir, mode, backup = sys.argv[1], sys.argv[2], sys.argv[3]
+rank, n = kmp.rank(), kmp.size()
+EPOCHS, BATCH, STEPS = 3, 4, 20
+MARK_EPOCH, MARK_STEP = 1, 5
+
+rng = np.random.default_rng(11)
+x = rng.normal(size=(BATCH * STEPS * n, 6)).astype("float32")
+y = (x[:, 0] - x[:, 3] > 0).astype("float32")
+xv = rng.normal(size=(17, 6)).astype("float32")
+yv = (xv[:, 0] - xv[:, 3] > 0).astype("float32")
+
+keras.utils.set_random_seed(100 + rank)
+model = keras.Sequential(
+    [
+        keras.Input((6,)),
+        keras.layers.Dense(8),
+        keras.layers.BatchNormalization(),
+        keras.layers.Activation("relu"),
+        keras.layers.Dense(1, activation="sigmoid"),
+    ]
+)
+model.compile(
+    optimizer=kmp.DistributedOptimizer(keras.optimizers.Adam(0.01)),
+    loss="binary_crossentropy",
+    metrics=["accuracy"],
+)
+
+
+class Steps(keras.callbacks.Callback):
+    epochs: list = []
+    first_step = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        Steps.epochs.append(epoch)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if Steps.first_step is None:
+            Steps.first_step = batch
+
+    def on_train_batch_end(self, batch, logs=None):
+        log = os.environ.get("PREEMPT_STEP_LOG")  # examples/benchmarks/preemption.py
+        if log and rank == 0:
+            with open(log, "a") as f:
+                f.write(f"{Steps.epochs[-1]} {batch} {time.time()}\n")
+        if mode != "run" or Steps.epochs[0] != 0:
+            return  # only the first launch waits for the signal
+        epoch = Steps.epochs[-1]
+        if (epoch, batch) == (MARK_EPOCH, MARK_STEP):
+            path = os.path.join(out_dir, f"ready.{rank}")
+            with open(path + ".tmp", "w") as f:
+                f.write(str(os.getpid()))
+            os.replace(path + ".tmp", path)
+        if (epoch, batch) >= (MARK_EPOCH, MARK_STEP):
+            time.sleep(0.3)  # a long step: the signal lands mid-epoch
+
+
+callbacks = [Steps()]
+if backup == "user":
+    callbacks.append(keras.callbacks.BackupAndRestore(os.path.join(out_dir, "backup")))
+try:
+    hist = model.fit(
+        *kmp.shard(x, y),
+        batch_size=BATCH,
+        epochs=EPOCHS,
+        shuffle=False,
+        verbose=0,
+        validation_data=(xv, yv),
+        callbacks=callbacks,
+    )
+except kmp.Preempted as exc:
+    print(
+        json.dumps(
+            {
+                "rank": rank,
+                "preempted": True,
+                "signal": exc.signal,
+                "epoch": exc.epoch,
+                "steps_done": exc.steps_done,
+                "backup_dir": exc.backup_dir,
+                "code": exc.code,
+                "t_exit": time.time(),
+            }
+        ),
+        flush=True,
+    )
+    raise
+h = hashlib.sha256()
+for v in list(model.variables) + list(model.optimizer.variables):
+    h.update(np.ascontiguousarray(np.asarray(v)).tobytes())
+print(
+    json.dumps(
+        {
+            "rank": rank,
+            "epochs_run": Steps.epochs,
+            "first_step": Steps.first_step,
+            "history": hist.history,
+            "digest": h.hexdigest()[:16],
+            "iterations": int(model.optimizer.iterations.numpy()),
+        }
+    ),
+    flush=True,
+)

@@ -1,0 +1,263 @@
+"""Preemption with real signals under mpirun: one step for every rank, a
+backup, exit status 75, and a relaunch that ends bitwise identical to an
+uninterrupted run (tests/mpi_scripts/preempt.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+from mpi_launch import SCRIPTS, MPIResult, mpi_env, mpirun_path, run_mpi
+from slurm_launch import slurm  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.mpi
+
+PREEMPTED = 75  # keras_mpfp16.PREEMPTED_EXIT_CODE (not imported: no TF here)
+
+
+def ok(result: MPIResult) -> list[dict]:
+    assert result.returncode == 0, result.describe()
+    return result.records()
+
+
+def _launch(np_: int, args: list[str], env: dict) -> subprocess.Popen:
+    cmd = [
+        mpirun_path(),
+        "-np",
+        str(np_),
+        "--oversubscribe",
+        "--bind-to",
+        "none",
+        sys.executable,
+        str(SCRIPTS / "preempt.py"),
+        *args,
+    ]
+    return subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=mpi_env(env),
+        start_new_session=True,
+    )
+
+
+def _signalled_run(np_, out_dir, backup, env, target, signum, timeout=300):
+    """Starts the `run` job, waits for every rank's marker (epoch 1, step 5),
+    sends `signum` to `target` ("mpirun" or a rank number) and waits."""
+    proc = _launch(np_, [str(out_dir), "run", backup], env)
+    start = time.monotonic()
+    markers = [out_dir / f"ready.{r}" for r in range(np_)]
+    try:
+        while not all(m.exists() for m in markers):
+            if proc.poll() is not None or time.monotonic() - start > timeout:
+                break
+            time.sleep(0.05)
+        else:
+            pid = proc.pid if target == "mpirun" else int(markers[target].read_text())
+            sent = time.time()
+            os.kill(pid, signum)
+        out, err = proc.communicate(
+            timeout=max(10, timeout - (time.monotonic() - start))
+        )
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(
+            f"preempted job hung\n{out[-3000:]}\n{err[-3000:]}"
+        ) from None
+    result = MPIResult(proc.returncode, out, err, time.monotonic() - start)
+    assert all(m.exists() for m in markers), result.describe()
+    return result, sent
+
+
+def _metadata(directory) -> dict:
+    return json.loads((directory / "training_metadata.json").read_text())
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_signal_stops_every_rank_at_one_step_and_resumes_identically(np_, tmp_path):
+    """SIGTERM to the last rank only with no BackupAndRestore (the library's
+    own backup) and, at np=2, SIGUSR1 to mpirun (forwarded to every rank)
+    with a stock BackupAndRestore: every rank stops at the same
+    step of epoch 2, the job exits 75 with a backup at that step; the same
+    script started again resumes there and ends with the uninterrupted run's
+    weights, optimizer state and history, bit for bit."""
+    (tmp_path / "full").mkdir()
+    full = ok(
+        run_mpi(np_, "preempt.py", str(tmp_path / "full"), "full", "user", timeout=300)
+    )
+    want = full[0]
+    cases = [("own", np_ - 1, signal.SIGTERM)]  # one rank only: the hard case
+    if np_ == 2:
+        cases.insert(0, ("user", "mpirun", signal.SIGUSR1))
+    for backup, target, signum in cases:
+        out_dir = tmp_path / backup
+        out_dir.mkdir()
+        own_dir = tmp_path / "own-backups"
+        env = {"KERAS_MPFP16_PREEMPTION_DIR": str(own_dir)}
+        first, sent = _signalled_run(np_, out_dir, backup, env, target, signum)
+        assert first.returncode == PREEMPTED, first.describe()
+        stops = first.records()
+        assert len(stops) == np_ and all(s.get("preempted") for s in stops), (
+            first.describe()
+        )
+        # One step for every rank, in the middle of epoch 2 (index 1).
+        assert len({(s["epoch"], s["steps_done"]) for s in stops}) == 1, stops
+        epoch, steps = stops[0]["epoch"], stops[0]["steps_done"]
+        assert epoch == 1 and 6 <= steps < 20, stops
+        # Only the signalled ranks know the signal.
+        signalled = [s["rank"] for s in stops if s["signal"] is not None]
+        assert signalled == (list(range(np_)) if target == "mpirun" else [target])
+        assert all(s["signal"] in (None, int(signum)) for s in stops)
+        # The signal reached the ranks while they trained: the stop is prompt.
+        assert max(s["t_exit"] for s in stops) - sent < 30, stops
+        backup_dir = out_dir / "backup" if backup == "user" else own_dir / "fit-1"
+        assert stops[0]["backup_dir"] == str(backup_dir)
+        meta = _metadata(backup_dir)
+        assert meta["epoch"] == 1 and meta["keras_mpfp16"]["steps_done"] == steps
+        assert len(meta["keras_mpfp16"]["metrics"]) == 4  # loss and accuracy
+        assert (backup_dir / "latest.weights.h5").exists()
+
+        again = ok(run_mpi(np_, "preempt.py", str(out_dir), "run", backup, env=env))
+        assert len(again) == np_
+        for r in again:
+            assert r["epochs_run"] == [1, 2], r
+            assert r["first_step"] == steps, r  # resumed at the step, not at 0
+            assert r["digest"] == want["digest"], (backup, r["digest"], want["digest"])
+            assert r["iterations"] == want["iterations"]
+            for key, values in r["history"].items():
+                assert values == want["history"][key][1:], (backup, key)
+        assert not backup_dir.exists()  # a finished fit deletes its backup
+
+
+def _srun_signalled(n, out_dir, env, timeout=400):
+    """`srun --mpi=pmix -n N` of the `run` job; at the marker step
+    `scancel --signal=TERM` (every task gets SIGTERM from Slurm)."""
+    from slurm_launch import SRUN_ENV
+
+    name = f"kmp-preempt-{uuid.uuid4().hex[:8]}"
+    cmd = [
+        "srun",
+        f"--job-name={name}",
+        "--mpi=pmix",
+        "-n",
+        str(n),
+        "--overcommit",
+        sys.executable,
+        str(SCRIPTS / "preempt.py"),
+        str(out_dir),
+        "run",
+        "own",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=mpi_env({**SRUN_ENV, **env}),
+        start_new_session=True,
+    )
+    start = time.monotonic()
+    markers = [out_dir / f"ready.{r}" for r in range(n)]
+    try:
+        while not all(m.exists() for m in markers):
+            if proc.poll() is not None or time.monotonic() - start > timeout:
+                break
+            time.sleep(0.05)
+        else:
+            subprocess.run(
+                ["scancel", "--signal=TERM", f"--name={name}"], check=True, timeout=60
+            )
+        out, err = proc.communicate(
+            timeout=max(10, timeout - (time.monotonic() - start))
+        )
+    except subprocess.TimeoutExpired:
+        subprocess.run(["scancel", f"--name={name}"], timeout=30)
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"srun job hung\n{out[-3000:]}\n{err[-3000:]}") from None
+    return MPIResult(proc.returncode, out, err, time.monotonic() - start)
+
+
+@pytest.mark.usefixtures("slurm")
+def test_scancel_signal_term_under_srun_stops_and_resumes_identically(tmp_path):
+    """`scancel --signal=TERM` of a real `srun --mpi=pmix -n 2` job (the
+    single-node Slurm of .ci/slurm-up; skipped where it cannot run): srun
+    exits 75 with a backup at one step; `srun` again ends bitwise identical
+    to the uninterrupted run (under mpirun: srun and mpirun train the same
+    model, tests/test_slurm.py)."""
+    from slurm_launch import run_srun
+
+    (tmp_path / "full").mkdir()
+    want = ok(
+        run_mpi(2, "preempt.py", str(tmp_path / "full"), "full", "user", timeout=300)
+    )[0]
+    out_dir = tmp_path / "run"
+    out_dir.mkdir()
+    env = {"KERAS_MPFP16_PREEMPTION_DIR": str(tmp_path / "own-backups")}
+    first = _srun_signalled(2, out_dir, env)
+    assert first.returncode == PREEMPTED, first.describe()
+    stops = first.records()
+    assert len(stops) == 2 and len({(s["epoch"], s["steps_done"]) for s in stops}) == 1
+    assert stops[0]["epoch"] == 1 and 6 <= stops[0]["steps_done"] < 20, stops
+    again = ok(run_srun(2, "preempt.py", str(out_dir), "run", "own", env=env))
+    for r in again:
+        assert r["epochs_run"] == [1, 2] and r["first_step"] == stops[0]["steps_done"]
+        assert r["digest"] == want["digest"], r
+
+
+def test_sigterm_to_the_launch_wrapper_reaches_the_ranks_as_a_stop(tmp_path):
+    """SIGTERM to `python -m keras_mpfp16.runtime.launch mpirun ...` (what
+    Slurm sends a batch script's processes) is passed on as SIGUSR1, which
+    mpirun forwards without killing the ranks: exit 75 with a backup. (SIGTERM
+    to mpirun itself kills the ranks ~0.5 s later, docs/reliability.md.)"""
+    out_dir = tmp_path / "run"
+    out_dir.mkdir()
+    own = tmp_path / "own-backups"
+    cmd = [
+        sys.executable,
+        "-m",
+        "keras_mpfp16.runtime.launch",
+        mpirun_path(),
+        "-np",
+        "2",
+        "--oversubscribe",
+        "--bind-to",
+        "none",
+        sys.executable,
+        str(SCRIPTS / "preempt.py"),
+        str(out_dir),
+        "run",
+        "own",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=mpi_env({"KERAS_MPFP16_PREEMPTION_DIR": str(own)}),
+        start_new_session=True,
+    )
+    start = time.monotonic()
+    try:
+        while not all((out_dir / f"ready.{r}").exists() for r in range(2)):
+            assert proc.poll() is None and time.monotonic() - start < 300
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    result = MPIResult(proc.returncode, out, err, time.monotonic() - start)
+    assert result.returncode == PREEMPTED, result.describe()
+    stops = result.records()
+    assert len(stops) == 2 and all(s["signal"] == signal.SIGUSR1 for s in stops)
+    assert _metadata(own / "fit-1")["keras_mpfp16"]["steps_done"] > 0
