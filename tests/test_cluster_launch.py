@@ -10,10 +10,14 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
-from keras_mpfp16.benchmark.cluster import Cluster, available
 from mpi_launch import SCRIPTS, mpi_env
+
+# The emulated-cluster harness is a benchmark tool, not part of the package.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "benchmarks"))
+from cluster import Cluster, available  # noqa: E402
 
 OK, WHY = available()
 pytestmark = [

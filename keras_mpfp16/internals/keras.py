@@ -622,7 +622,7 @@ class array_datasets_without_autotune:  # noqa: N801 - used like a function
 EPOCH_ITERATOR = _register(
     "keras.skip_steps_of_next_epoch",
     "keras.src.trainers.epoch_iterator.EpochIterator._enumerate_iterator "
-    "(yields (begin_step, end_step, iterator) per step)",
+    "(yields (begin_step, end_step, iterator) per step; (step, iterator) in 3.10)",
     "resuming a preempted fit in the middle of an epoch (the steps already "
     "trained are read from the input and not trained again)",
 )
@@ -662,15 +662,24 @@ class skip_steps_of_next_epoch:  # noqa: N801 - used like a function
 
             def _enumerate_iterator(iterator_self):
                 skip, cls._pending = cls._pending, 0
-                for begin, end, iterator in original(iterator_self):
+                for item in original(iterator_self):
+                    # Keras >= 3.11 yields (begin_step, end_step, iterator);
+                    # 3.10 yields (step, iterator), and `__next__` reads
+                    # steps_per_execution batches from it.
+                    if len(item) == 3:
+                        begin, end, iterator = item
+                        batches = end - begin + 1
+                    else:
+                        begin, iterator = item
+                        batches = iterator_self.steps_per_execution
                     if begin < skip:
                         try:
-                            for _ in range(end - begin + 1):
+                            for _ in range(batches):
                                 next(iterator)
                         except StopIteration:
                             return
                         continue
-                    yield begin, end, iterator
+                    yield item
 
             cls._original = original
             _epoch_iterator._enumerate_iterator = _enumerate_iterator
