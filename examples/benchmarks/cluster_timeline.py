@@ -5,11 +5,12 @@
         --png docs/benchmarks/timeline_cluster_1gbit.png
 
 Brings up two network-namespace "nodes" joined by links of `--rate`
-(`keras_mpfp16.benchmark.cluster`, one core each), runs
+(`examples/benchmarks/cluster.py`, one core each), runs
 `python -m keras_mpfp16.benchmark train` on one rank per node with
 `KERAS_MPFP16_TIMELINE` set (window `--window`, report printed), takes the
 cluster down, and renders the window with plot_timeline.py. Every gradient
-byte crosses the rate-limited link, so communication dominates at 1 Gbit/s.
+byte crosses the rate-limited link (for this model it still did not
+dominate the step at 1 Gbit/s: docs/timeline.md).
 """
 
 import argparse
@@ -30,7 +31,7 @@ def main():
     p.add_argument("--trace", required=True)
     p.add_argument("--png", required=True)
     args = p.parse_args()
-    from keras_mpfp16.benchmark.cluster import Cluster
+    from cluster import Cluster  # examples/benchmarks/cluster.py, beside this file
 
     trace = os.path.abspath(args.trace)
     env = dict(
