@@ -10,6 +10,9 @@ Per round, in this order (A B C D, A B C D, ...):
              compression
   ours_f16   keras_mpfp16 with wire_dtype="float16" (float32 accumulation)
   hvd_f16    Horovod with hvd.Compression.fp16 (its fp16 cast before MPI)
+and, with --configs naming them, each side at np=1 (ours_np1, hvd_np1:
+one pinned process, the float32 path), which separates the two TensorFlow
+versions' compute speed from the data-parallel machinery.
 Both sides alike: `mpirun -np 2 --bind-to core --map-by core` from each
 side's own venv (the same Open MPI wheel), one intra- and one inter-op
 thread per rank (what keras_mpfp16 sets for a one-core rank and what is
@@ -36,10 +39,11 @@ from mpi_launch import mpi_env, mpirun_path  # noqa: E402
 from peers import ONE_CORE_THREADS, _run  # noqa: E402
 
 CONFIGS = ["ours_f32", "hvd_f32", "ours_f16", "hvd_f16"]
+ALL_CONFIGS = [*CONFIGS, "ours_np1", "hvd_np1"]
 
 
-def _launch(python, mpirun, impl, wire, steps, policy):
-    cmd = [mpirun, "-np", "2", "--bind-to", "core", "--map-by", "core"]
+def _launch(python, mpirun, impl, wire, steps, policy, ranks=2):
+    cmd = [mpirun, "-np", str(ranks), "--bind-to", "core", "--map-by", "core"]
     for k in ONE_CORE_THREADS:
         cmd += ["-x", k]
     cmd += [python, WORKER, "--impl", impl, "--wire", wire]
@@ -49,9 +53,10 @@ def _launch(python, mpirun, impl, wire, steps, policy):
 
 def run_config(name, args):
     wire = "float16" if name.endswith("f16") else "float32"
+    ranks = 1 if name.endswith("np1") else 2
     if name.startswith("ours"):
         return _launch(
-            sys.executable, mpirun_path(), "ours", wire, args.steps, args.policy
+            sys.executable, mpirun_path(), "ours", wire, args.steps, args.policy, ranks
         )
     venv = Path(args.horovod_venv).resolve() / "bin"
     return _launch(
@@ -61,6 +66,7 @@ def run_config(name, args):
         wire,
         args.steps,
         args.policy,
+        ranks,
     )
 
 
@@ -73,8 +79,10 @@ def versions(horovod_venv):
         ("ours", sys.executable),
         ("horovod", str(Path(horovod_venv).resolve() / "bin" / "python")),
     ):
+        # From /, so a checkout's *.egg-info in the working directory is not
+        # reported as installed in the Horovod venv.
         got = subprocess.run(
-            [py, "-c", _VERSIONS], capture_output=True, text=True, timeout=120
+            [py, "-c", _VERSIONS], capture_output=True, text=True, timeout=120, cwd="/"
         )
         out[side] = got.stdout.strip() or got.stderr.strip()[-300:]
     return out
@@ -98,6 +106,7 @@ def main():
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--horovod-venv", default=".venv-horovod")
+    p.add_argument("--configs", default=",".join(CONFIGS), help=f"of {ALL_CONFIGS}")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--policy", default="float32")
@@ -110,9 +119,13 @@ def main():
             f"--horovod-venv {args.horovod_venv!r} has no bin/python: run "
             "examples/benchmarks/horovod_setup.sh first"
         )
+    configs = args.configs.split(",")
+    bad = [c for c in configs if c not in ALL_CONFIGS]
+    if bad:
+        sys.exit(f"--configs: unknown {bad}; allowed: {', '.join(ALL_CONFIGS)}")
     contention = {}
     raw = run_rounds(
-        CONFIGS,
+        configs,
         lambda c: run_config(c, args)["samples_per_s"],
         args.rounds,
         max_others=args.max_others,
@@ -120,12 +133,13 @@ def main():
         contention=contention,
     )
     ratios = {
-        "ours_f32_over_hvd_f32": [
-            o / h for o, h in zip(raw["ours_f32"], raw["hvd_f32"])
-        ],
-        "ours_f16_over_hvd_f16": [
-            o / h for o, h in zip(raw["ours_f16"], raw["hvd_f16"])
-        ],
+        f"{o}_over_{h}": [a / b for a, b in zip(raw[o], raw[h])]
+        for o, h in (
+            ("ours_f32", "hvd_f32"),
+            ("ours_f16", "hvd_f16"),
+            ("ours_np1", "hvd_np1"),
+        )
+        if o in raw and h in raw
     }
     med = {k: statistics.median(v) for k, v in ratios.items()}
     print("== " + "  ".join(f"{k}={v:.3f}" for k, v in med.items()), flush=True)
@@ -142,7 +156,8 @@ def main():
             "samples_per_s": raw,
             "ratios": ratios,
             "median_ratios": med,
-            "others_cpu_share": {c: contention[c] for c in CONFIGS},
+            "configs": configs,
+            "others_cpu_share": {c: contention[c] for c in configs},
             "repeated_rounds": contention["repeated_rounds"],
         }
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
