@@ -30,6 +30,12 @@ from keras_mpfp16.runtime import gpus as _gpus  # noqa: E402
 if _gpus.bind_requested():
     bind_gpus()
 
+# Before anything else can print (e.g. `model.summary()` before the optimizer
+# exists): silence the ranks the MPI launcher says are not rank 0 (no MPI call).
+from keras_mpfp16.callbacks import rank_output as _rank_output  # noqa: E402
+
+_rank_output.quiet_non_root_ranks_early()
+
 from keras_mpfp16 import (  # noqa: E402
     callbacks,
     config,
@@ -56,10 +62,18 @@ from keras_mpfp16.runtime import (  # noqa: E402
     size,
 )
 from keras_mpfp16.runtime.preemption import PREEMPTED_EXIT_CODE, Preempted  # noqa: E402
-from keras_mpfp16.training import split_predict  # noqa: E402
+from keras_mpfp16.training import (  # noqa: E402
+    distributed_evaluate,
+    distributed_fit,
+    split_predict,
+)
+from keras_mpfp16.training import install as install_keras_patches  # noqa: E402
+from keras_mpfp16.training import uninstall as uninstall_keras_patches  # noqa: E402
+from keras_mpfp16.training.patches import install_from_env as _install_from_env  # noqa: E402
 
-# fit/evaluate of DistributedOptimizer models run as one job on all ranks.
-training.install()
+# fit/evaluate of DistributedOptimizer models run as one job on all ranks
+# (every Keras patch: training.patches; KERAS_MPFP16_PATCH_KERAS=0 skips them).
+_install_from_env()
 
 
 __all__ = [
@@ -78,7 +92,10 @@ __all__ = [
     "broadcast",
     "broadcast_variables",
     "cuda_aware",
+    "distributed_evaluate",
+    "distributed_fit",
     "init",
+    "install_keras_patches",
     "is_root",
     "local_rank",
     "local_size",
@@ -90,4 +107,5 @@ __all__ = [
     "size",
     "split_predict",
     "training",
+    "uninstall_keras_patches",
 ]

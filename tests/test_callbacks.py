@@ -18,10 +18,10 @@ from keras_mpfp16.callbacks import (
     rank_output,
     root_only,
     scaled_learning_rate,
-    step_hooks,
     temporary_path,
 )
 from keras_mpfp16.internals.keras import get_learning_rate_slot
+from keras_mpfp16.sync import step_hooks
 
 STEPS = 10  # batches per epoch below
 

@@ -16,10 +16,11 @@ import keras
 import pytest
 
 import keras_mpfp16
-from keras_mpfp16 import _keras_compat, internals
+from keras_mpfp16 import internals
 from keras_mpfp16.internals import KerasInternalsError
 from keras_mpfp16.internals import keras as keras_internals
 from keras_mpfp16.internals import tensorflow as tf_internals
+from keras_mpfp16.sync import xla
 
 PACKAGE = Path(keras_mpfp16.__file__).parent
 SEAM = PACKAGE / "internals"
@@ -178,7 +179,7 @@ def test_xla_guard_without_the_keras_hook_raises(monkeypatch):
     """Failed before the seam: install_jit_guard() returned False, ignored."""
     monkeypatch.setattr(keras_internals, "_trainer_module", types.SimpleNamespace())
     with pytest.raises(KerasInternalsError, match="XLA fallback"):
-        _keras_compat.install_jit_guard()
+        xla.install_jit_guard(lambda model: True)
 
 
 def test_xla_guard_is_installed_once():
@@ -186,7 +187,7 @@ def test_xla_guard_is_installed_once():
 
     before = trainer.model_supports_jit
     assert getattr(before, "_keras_mpfp16_wrapped", False)
-    assert _keras_compat.install_jit_guard() is True
+    assert xla.install_jit_guard(lambda model: True) is True
     assert trainer.model_supports_jit is before
 
 

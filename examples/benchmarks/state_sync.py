@@ -29,7 +29,7 @@ import numpy as np  # noqa: E402
 import keras_mpfp16 as kmp  # noqa: E402
 from keras_mpfp16.benchmark.models import random_data  # noqa: E402
 from keras_mpfp16.benchmark.train import seconds_per_step  # noqa: E402
-from keras_mpfp16.training import replica  # noqa: E402
+from keras_mpfp16.sync import replica  # noqa: E402
 
 
 def build(mode: str):

@@ -25,7 +25,6 @@ import numpy as np
 from keras import ops
 
 from keras_mpfp16 import _validate, runtime
-from keras_mpfp16.callbacks import step_hooks
 from keras_mpfp16.callbacks.lr_schedule import (
     DEFAULT_N0,
     scale_factor,
@@ -34,7 +33,9 @@ from keras_mpfp16.callbacks.lr_schedule import (
     validate_schedule_args,
 )
 from keras_mpfp16.internals import keras as keras_internals
+from keras_mpfp16.optimizer import DistributedOptimizer
 from keras_mpfp16.runtime import progress
+from keras_mpfp16.sync import step_hooks
 
 # Inside the metric reduction (priority 100): the rate is set before the step.
 _PRIORITY = 10
@@ -341,9 +342,6 @@ class LearningRateScaler(keras.callbacks.Callback):
 
     def _data_parallel(self) -> bool:
         """True when the ranks train one model together (and must agree)."""
-        # Imported here: the optimizer package imports this one.
-        from keras_mpfp16.optimizer import DistributedOptimizer
-
         return runtime.size() > 1 and isinstance(
             self.model.optimizer, DistributedOptimizer
         )

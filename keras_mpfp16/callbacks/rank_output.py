@@ -30,18 +30,10 @@ import os
 import sys
 
 from keras_mpfp16.runtime import env
+from keras_mpfp16.runtime.launcher import launcher_rank
 
 ENV_VAR = "KERAS_MPFP16_ALL_RANKS_OUTPUT"  # registered in runtime.env
 STDOUT_ENV_VAR = "KERAS_MPFP16_ROOT_STDOUT_ONLY"  # registered in runtime.env
-
-# Rank variables set by common MPI launchers, read before MPI is initialised.
-_LAUNCHER_RANK_VARS = (
-    "OMPI_COMM_WORLD_RANK",  # Open MPI
-    "PMIX_RANK",  # PMIx (Open MPI 5, Slurm)
-    "PMI_RANK",  # MPICH / Hydra, Intel MPI
-    "MV2_COMM_WORLD_RANK",  # MVAPICH
-    "SLURM_PROCID",  # srun
-)
 
 # Whether this module switched Keras's output off (so it may switch it back on
 # when the communicator says this process is the root after all).
@@ -118,15 +110,6 @@ def root_stdout_only() -> bool:
     if not writes_fd_1:  # e.g. a replaced sys.stdout: silence it too
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
     return True
-
-
-def launcher_rank() -> int | None:
-    """This process's rank as announced by the MPI launcher, if any."""
-    for var in _LAUNCHER_RANK_VARS:
-        value = os.environ.get(var, "").strip()
-        if value.isdigit():
-            return int(value)
-    return None
 
 
 def _silence() -> None:

@@ -188,7 +188,27 @@ def wrap_model_supports_jit(make_wrapper: Callable[[Callable], Callable]) -> Non
         return
     wrapper = make_wrapper(original)
     setattr(wrapper, _GUARD_MARK, True)
+    wrapper._keras_mpfp16_original = original
     _trainer_module.model_supports_jit = wrapper
+
+
+def unwrap_model_supports_jit() -> bool:
+    """Puts Keras's own `model_supports_jit` back (undoes the wrapper above).
+
+    Returns:
+        Whether a wrapper was removed.
+    """
+    current = getattr(_trainer_module, "model_supports_jit", None)
+    if not getattr(current, _GUARD_MARK, False):
+        return False
+    _trainer_module.model_supports_jit = current._keras_mpfp16_original
+    return True
+
+
+def model_supports_jit_wrapped() -> bool:
+    """Whether Keras's `model_supports_jit` is wrapped now."""
+    current = getattr(_trainer_module, "model_supports_jit", None)
+    return bool(getattr(current, _GUARD_MARK, False))
 
 
 # -- optimizers ----------------------------------------------------------------

@@ -1,6 +1,5 @@
-"""Optimizer side: the DistributedOptimizer, loss scaling and bucket planning."""
+"""Optimizer side: the DistributedOptimizer and its loss scaling."""
 
-from keras_mpfp16 import _keras_compat
 from keras_mpfp16.optimizer.distributed_optimizer import (
     DistributedOptimizer,
     broadcast_variables,
@@ -10,8 +9,6 @@ from keras_mpfp16.optimizer.loss_scale import (
     LossScaleState,
     transition,
 )
-
-_keras_compat.install_jit_guard()
 
 __all__ = [
     "DistributedOptimizer",

@@ -17,6 +17,7 @@ from keras_mpfp16.optimizer.loss_scale import (
     LossScaleState,
     transition,
 )
+from keras_mpfp16.sync.checks import check_signatures, variable_signature
 
 
 def _resolve_optimizer(optimizer) -> keras.optimizers.Optimizer:
@@ -297,7 +298,7 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
             # check. Inside the step because on the TensorFlow backend the
             # optimizer (and a subclassed model) may be built while the train
             # function is traced, when variables have no values yet.
-            signature = _signature(variables)
+            signature = variable_signature(variables)
             backends.bridge().sync_on_first_step(
                 self,
                 variables + self.variables,
@@ -483,47 +484,6 @@ def _resolve_accumulation(steps, inner) -> int | None:
             )
     steps = steps or inner_steps
     return steps if steps and steps > 1 else None
-
-
-def _signature(variables) -> list[tuple]:
-    return [(v.path, tuple(v.shape), str(v.dtype)) for v in variables]
-
-
-def check_signatures(mine: list[tuple], what: str = "trainable variables") -> None:
-    """All ranks must hold the same variables (count, shapes, dtypes).
-
-    One allgather of every rank's `(path, shape, dtype)` list. Variable names
-    may differ between ranks (build order); shapes and dtypes may not.
-
-    Raises:
-        ValueError: on every rank, naming the first variable that differs from
-            rank 0's and the counts on both ranks.
-    """
-    everyone = runtime.allgather_object(mine, name="model signature check")
-    ref = everyone[0]
-    for r, sig in enumerate(everyone[1:], start=1):
-        if [s[1:] for s in sig] == [s[1:] for s in ref]:
-            continue
-        for i in range(max(len(sig), len(ref))):
-            a = ref[i] if i < len(ref) else None
-            b = sig[i] if i < len(sig) else None
-            if a is None or b is None or a[1:] != b[1:]:
-
-                def show(v):
-                    return "nothing" if v is None else f"{v[0]!r} shape {v[1]} {v[2]}"
-
-                raise ValueError(
-                    "keras_mpfp16: ranks are training different models (model "
-                    f"signature check): rank 0 has {len(ref)} {what}, rank {r} has "
-                    f"{len(sig)}; first difference at #{i}: rank 0 has {show(a)}, "
-                    f"rank {r} has {show(b)}. Build the same model on every rank."
-                )
-
-
-def check_same_variables(variables, what: str = "trainable variables") -> None:
-    """`check_signatures` of `variables` (every rank must call it)."""
-    if runtime.size() > 1:
-        check_signatures(_signature(variables), what)
 
 
 def broadcast_variables(variables, root_rank: int = 0) -> None:

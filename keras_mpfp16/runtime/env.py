@@ -262,10 +262,21 @@ _EXPECTED = {
 # -- the registry -----------------------------------------------------------------
 
 
-def _threads(text: str) -> tuple[int, int] | None:
-    from keras_mpfp16.runtime.threads import parse_override
+def parse_threads(value: str) -> tuple[int, int] | None:
+    """Parses `KERAS_MPFP16_THREADS`; None means "leave the backend alone"."""
+    value = value.strip().lower()
+    if value in ("off", "none", "0", "false"):
+        return None
+    parts = value.split(",")
+    if len(parts) == 2 and all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        return int(parts[0]), int(parts[1])
+    raise ValueError(
+        f"KERAS_MPFP16_THREADS={value!r} is not understood; use 'off' or "
+        "'INTRA,INTER' with positive integers, e.g. '4,2'."
+    )
 
-    return parse_override(text)
+
+_threads = parse_threads
 
 
 register(
@@ -353,6 +364,18 @@ register(
     "ranks wait where. `0` turns the inspector and the heartbeats off. The "
     "inspector needs `MPI_THREAD_MULTIPLE`. Rank 0's value is used on every "
     "rank; `keras_mpfp16.runtime.stall.configure` changes it later.",
+)
+register(
+    "PATCH_KERAS",
+    "bool",
+    True,
+    read="at import",
+    doc="`0` installs none of the library's Keras patches at `import "
+    "keras_mpfp16` (the wrappers of `keras.Model.fit`, `evaluate`, `save`, "
+    "`save_weights` and of Keras's XLA decision; see `docs/custom_loops.md`). "
+    "Training code then calls `kmp.distributed_fit` / "
+    "`kmp.distributed_evaluate` itself; `kmp.install_keras_patches()` installs "
+    "them later.",
 )
 register(
     "TFDATA_AUTOTUNE",

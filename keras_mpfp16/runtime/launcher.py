@@ -280,3 +280,22 @@ def check_world_size(
         f"{_fix(launch)} If the processes are meant to run independently, set "
         f"{ALLOW_MISMATCH_ENV}=1."
     )
+
+
+# Rank variables set by common MPI launchers, read before MPI is initialised.
+_LAUNCHER_RANK_VARS = (
+    "OMPI_COMM_WORLD_RANK",  # Open MPI
+    "PMIX_RANK",  # PMIx (Open MPI 5, Slurm)
+    "PMI_RANK",  # MPICH / Hydra, Intel MPI
+    "MV2_COMM_WORLD_RANK",  # MVAPICH
+    "SLURM_PROCID",  # srun
+)
+
+
+def launcher_rank() -> int | None:
+    """This process's rank as announced by the MPI launcher, if any."""
+    for var in _LAUNCHER_RANK_VARS:
+        value = os.environ.get(var, "").strip()
+        if value.isdigit():
+            return int(value)
+    return None

@@ -87,18 +87,8 @@ def default_thread_counts(
     return intra, SINGLE_CORE_INTER_OP if intra == 1 else DEFAULT_INTER_OP
 
 
-def parse_override(value: str) -> tuple[int, int] | None:
-    """Parses `KERAS_MPFP16_THREADS`; None means "leave the backend alone"."""
-    value = value.strip().lower()
-    if value in ("off", "none", "0", "false"):
-        return None
-    parts = value.split(",")
-    if len(parts) == 2 and all(p.strip().isdigit() and int(p) > 0 for p in parts):
-        return int(parts[0]), int(parts[1])
-    raise ValueError(
-        f"{ENV_VAR}={value!r} is not understood; use 'off' or 'INTRA,INTER' "
-        "with positive integers, e.g. '4,2'."
-    )
+# The parser lives with the setting's registration (env imports nothing of ours).
+parse_override = env.parse_threads
 
 
 def apply_thread_defaults() -> dict[str, str]:

@@ -1,16 +1,33 @@
 """Multi-process `fit` and `evaluate` of models compiled with a DistributedOptimizer.
 
-`import keras_mpfp16` installs two thin wrappers on `keras.Model` (see
-`model_hooks`); they act only for models compiled with a
-`keras_mpfp16.DistributedOptimizer` and more than one process:
+`import keras_mpfp16` installs the Keras patches (`patches`; opt out with
+`KERAS_MPFP16_PATCH_KERAS=0`); the wrappers act only for models compiled
+with a `keras_mpfp16.DistributedOptimizer` and more than one process:
 
-- `replica`: one model on every rank, all of its state, from the first step;
+- `sessions`: one collective `fit`/`evaluate` as a context manager
+  (`distributed_fit`, `distributed_evaluate`: the explicit path for code
+  that calls Keras's `fit` itself);
+- `model_hooks`: the wrappers of `keras.Model.fit` / `evaluate` built on it;
 - `run`: global logs, split validation and evaluation, safe callbacks;
 - `files`: stock file-writing callbacks with one atomic writer;
+- `preemption`: the agreed stop and the mid-epoch resume;
 - `predict`: `split_predict`, one input's predictions shared by all ranks.
 """
 
-from keras_mpfp16.training.model_hooks import install, uses_distributed_optimizer
+from keras_mpfp16.training.patches import install, installed, uninstall
 from keras_mpfp16.training.predict import split_predict
+from keras_mpfp16.training.sessions import (
+    distributed_evaluate,
+    distributed_fit,
+    uses_distributed_optimizer,
+)
 
-__all__ = ["install", "split_predict", "uses_distributed_optimizer"]
+__all__ = [
+    "distributed_evaluate",
+    "distributed_fit",
+    "install",
+    "installed",
+    "split_predict",
+    "uninstall",
+    "uses_distributed_optimizer",
+]

@@ -26,7 +26,7 @@ model compiled with a `DistributedOptimizer` (more than one process):
   backup directory is written next to the real one and swapped in by
   renames; a restart recovers whichever complete backup a crash left. Only
   rank 0 restores; the other ranks receive rank 0's weights, optimizer state
-  and starting epoch before the first step (`training.replica`), so the
+  and starting epoch before the first step (`sync.replica`), so the
   restart resumes on every rank from the same epoch, also with a backup
   directory only rank 0 can see.
 - Every backup it writes also records the step reached in the epoch and
@@ -46,17 +46,17 @@ import shutil
 import keras
 
 from keras_mpfp16 import runtime
-from keras_mpfp16.callbacks.checkpoint import (
-    AtomicModelCheckpoint,
-    _fsync_dir,
-    _fsync_file,
-    atomic_write,
-    in_atomic_write,
-)
+from keras_mpfp16.callbacks.checkpoint import AtomicModelCheckpoint
 from keras_mpfp16.callbacks.root_only import RootOnly
 from keras_mpfp16.internals import keras as keras_internals
 from keras_mpfp16.optimizer import DistributedOptimizer
 from keras_mpfp16.runtime import timeline, world
+from keras_mpfp16.runtime.atomic_files import (
+    atomic_write,
+    fsync_dir,
+    fsync_file,
+    in_atomic_write,
+)
 
 # Callbacks whose only effect is writing files (or sending logs out): one
 # writer per job. The first two keep state users read after fit: on ranks
@@ -213,7 +213,7 @@ def wrap_save(original):
             return original(self, filepath, *args, **kwargs)
         atomic_write(filepath, lambda path: original(self, path, *args, **kwargs))
 
-    save._keras_mpfp16_hook = True
+    save._keras_mpfp16_hook = True  # model_hooks.MARK: patched by us
     return save
 
 
@@ -318,13 +318,13 @@ class SafeBackupAndRestore(keras.callbacks.Callback):
             return
         self._record_resume_point(staged[1])
         for path in staged:
-            _fsync_file(path)
-        _fsync_dir(self._new)
+            fsync_file(path)
+        fsync_dir(self._new)
         if os.path.isdir(self.backup_dir):
             os.replace(self.backup_dir, self._old)
         os.replace(self._new, self.backup_dir)
         shutil.rmtree(self._old, ignore_errors=True)
-        _fsync_dir(os.path.dirname(os.path.abspath(self.backup_dir)))
+        fsync_dir(os.path.dirname(os.path.abspath(self.backup_dir)))
 
     def _record_resume_point(self, metadata_path: str) -> None:
         """Adds where training is (epoch, steps done in it, metric state) to

@@ -19,7 +19,7 @@ signal came during validation) `Preemption`:
 Started again with the same script and arguments, `fit` restores rank 0
 from the backup (the user's `BackupAndRestore` does, or the library's own
 when its directory exists), every rank takes rank 0's state
-(`training.replica`), the epoch's metric state is restored and the steps
+(`sync.replica`), the epoch's metric state is restored and the steps
 already trained are read from the input but not trained again. The result
 is bitwise identical to an uninterrupted run when the batches of an epoch
 do not depend on the process's history (`shuffle=False`, a `PyDataset`
@@ -38,9 +38,9 @@ import keras
 import numpy as np
 
 from keras_mpfp16 import runtime
-from keras_mpfp16.callbacks.global_metrics import metric_variables
 from keras_mpfp16.internals import keras as keras_internals
 from keras_mpfp16.runtime import preemption
+from keras_mpfp16.sync.metric_reduction import metric_variables
 from keras_mpfp16.training.files import SafeBackupAndRestore
 
 _fits = {"count": 0}  # collective fits started by this process

@@ -8,7 +8,7 @@ two callbacks it adds bracket the user's:
   validation; marks evaluations for the uneven-steps protocol.
 - `_RunLast`: before the first step, after the user's `on_train_begin`
   (so after `BackupAndRestore` restored rank 0), the replica sync of
-  `training.replica`, the equal-steps check and the start epoch agreement.
+  `sync.replica`, the equal-steps check and the start epoch agreement.
 - `training.preemption.Preemption` (last, in `fit`): stops every rank at
   the step they agree on after a SIGTERM/SIGUSR1, with a backup, and
   resumes a backup written mid-epoch at its step; the library's own backup
@@ -17,21 +17,22 @@ two callbacks it adds bracket the user's:
 
 from __future__ import annotations
 
+import contextlib
 import weakref
+from collections.abc import Iterator
 
 import keras
 
-from keras_mpfp16.callbacks.global_metrics import (
-    GlobalMetrics,
-    MetricReduction,
-    check_equal_steps,
-    guard_jit,
-)
+from keras_mpfp16.callbacks.global_metrics import GlobalMetrics
 from keras_mpfp16.callbacks.timeline import Timeline
 from keras_mpfp16.data.split import split_for_evaluation
 from keras_mpfp16.internals import keras as keras_internals
 from keras_mpfp16.runtime import preemption, progress, timeline
-from keras_mpfp16.training import files, replica
+from keras_mpfp16.sync import replica
+from keras_mpfp16.sync.checks import check_equal_steps
+from keras_mpfp16.sync.metric_reduction import MetricReduction
+from keras_mpfp16.sync.xla import guard_jit
+from keras_mpfp16.training import files
 from keras_mpfp16.training import preemption as training_preemption
 
 _reductions: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -207,8 +208,20 @@ class _RunLast(keras.callbacks.Callback):
         self.run.average_now()
 
 
-def run_fit(original, arguments: dict):
-    """Keras's `fit` (`original`) with this process's part of a collective fit."""
+@contextlib.contextmanager
+def fit_run(arguments: dict) -> Iterator[dict]:
+    """This process's part of a collective `fit`, around Keras's own.
+
+    Args:
+        arguments: `fit`'s bound arguments, `"self"` (the model) included;
+            changed in place: validation split over the ranks, callbacks
+            bracketed by the run's own.
+
+    Yields:
+        `arguments`, ready for Keras's `fit(**arguments)`, called inside the
+        `with` block (the metric reduction is active, SIGTERM/SIGUSR1 are
+        recorded, a preempted epoch resumes at its step).
+    """
     model = arguments["self"]
     run = DistributedRun(model, training=True)
     # Before Keras's fit: rank 0's variables must exist when it broadcasts
@@ -219,13 +232,14 @@ def run_fit(original, arguments: dict):
     run.reduction.set_active(True)
     try:
         with preemption.handling(), keras_internals.skip_steps_of_next_epoch():
-            return original(**arguments)
+            yield arguments
     finally:
         run.reduction.set_active(False)
 
 
-def run_evaluate(original, arguments: dict):
-    """Keras's `evaluate` (`original`) run by all ranks together, split."""
+@contextlib.contextmanager
+def evaluate_run(arguments: dict) -> Iterator[dict]:
+    """`evaluate` run by all ranks together, split: see `fit_run`."""
     model = arguments["self"]
     run = DistributedRun(model, training=False)
     part = split_for_evaluation(
@@ -241,6 +255,6 @@ def run_evaluate(original, arguments: dict):
     arguments["callbacks"] = run.callbacks(arguments.get("callbacks"))
     run.reduction.set_active(True)
     try:
-        return original(**arguments)
+        yield arguments
     finally:
         run.reduction.set_active(False)

@@ -26,7 +26,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 import keras_mpfp16 as kmp  # noqa: E402
-from keras_mpfp16.callbacks import checkpoint as checkpoint_module  # noqa: E402
+from keras_mpfp16.runtime import atomic_files as checkpoint_module  # noqa: E402
 
 out_dir, mode = sys.argv[1], sys.argv[2]
 rank, n = kmp.rank(), kmp.size()
@@ -67,14 +67,14 @@ class Epochs(keras.callbacks.Callback):
 
 
 if mode == "killed" and rank == 0:
-    real_fsync = checkpoint_module._fsync_file
+    real_fsync = checkpoint_module.fsync_file
 
     def fsync_then_die(path):
         real_fsync(path)
         if path.endswith(".keras") and Epochs.current == 2:
             os.kill(os.getpid(), signal.SIGKILL)  # mid-write: temp done, no rename
 
-    checkpoint_module._fsync_file = fsync_then_die
+    checkpoint_module.fsync_file = fsync_then_die
 
 ckpt = os.path.join(run_dir, "last.keras")
 hist = model.fit(

@@ -41,7 +41,7 @@ from keras import ops
 from keras_mpfp16 import backend as backends
 from keras_mpfp16 import runtime
 from keras_mpfp16.internals import keras as keras_internals
-from keras_mpfp16.optimizer.distributed_optimizer import check_same_variables
+from keras_mpfp16.sync.checks import check_same_variables
 
 
 def averaged_variables(model) -> list:
