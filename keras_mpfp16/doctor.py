@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from keras_mpfp16.runtime import cuda, gpus, launcher, threads, world
+from keras_mpfp16.runtime import collectives, cuda, gpus, launcher, threads, world
 
 _THREAD_VARS = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "OMP_NUM_THREADS")
 
@@ -337,7 +337,7 @@ def _exit_together(status: int) -> None:
     meet in a barrier first, so each can simply end its process (the
     launcher then reports the status).
     """
-    world.barrier()
+    collectives.barrier()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)

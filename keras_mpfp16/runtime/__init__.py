@@ -1,12 +1,30 @@
-"""Runtime: the MPI world and numpy-level collectives. Imports no Keras."""
+"""Runtime: the MPI world and numpy-level collectives. Imports no Keras.
 
-from keras_mpfp16.runtime import failure, preemption, progress, stall
+Layering inside: `world` (the communicator) is the bottom; `collectives`,
+`stall`, `failure`, `preemption`, `timeline` build on it; `services` starts
+the job's services from `world.init`'s hooks.
+"""
+
+# Names imported here but not in __all__ are re-exported for the library's
+# own modules (`runtime.allgather_object`, ...), not as API.
+# ruff: noqa: F401
+
+# Registers the job's services (stall inspector, rendezvous, abort on
+# failure) with `world.init`.
+from keras_mpfp16.runtime import (
+    failure,
+    preemption,
+    progress,
+    services,
+    stall,
+)
 from keras_mpfp16.runtime.collectives import (
     REDUCE_OPS,
     allgather,
     allgather_object,
     allreduce,
     allreduce_flat,
+    barrier,
     broadcast,
     broadcast_arrays,
     validate_op,
@@ -15,7 +33,6 @@ from keras_mpfp16.runtime.cuda import cuda_aware
 from keras_mpfp16.runtime.threads import apply_thread_defaults
 from keras_mpfp16.runtime.wire import WIRE_DTYPES, validate_wire_dtype
 from keras_mpfp16.runtime.world import (
-    barrier,
     init,
     is_initialized,
     is_root,
@@ -27,22 +44,16 @@ from keras_mpfp16.runtime.world import (
     size,
 )
 
+# What users call. The other names imported above (the numpy entry points
+# the bridges use, the validators, the submodules) stay importable for the
+# library itself and for code written against 0.2, but are not the API.
 __all__ = [
-    "REDUCE_OPS",
-    "WIRE_DTYPES",
     "allgather",
     "allgather_object",
     "allreduce",
-    "allreduce_flat",
-    "apply_thread_defaults",
     "barrier",
     "broadcast",
-    "broadcast_arrays",
     "cuda_aware",
-    "failure",
-    "preemption",
-    "progress",
-    "stall",
     "init",
     "is_initialized",
     "is_root",
@@ -52,6 +63,4 @@ __all__ = [
     "rank",
     "shutdown",
     "size",
-    "validate_op",
-    "validate_wire_dtype",
 ]

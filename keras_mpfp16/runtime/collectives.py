@@ -19,6 +19,12 @@ from keras_mpfp16.runtime.world import world
 REDUCE_OPS = ("average", "sum", "min", "max")
 
 
+def barrier() -> None:
+    """Blocks until every rank has called `barrier()`."""
+    with stall.collective("barrier"):
+        world().comm.Barrier()
+
+
 def validate_op(op: str) -> str:
     if op not in REDUCE_OPS:
         raise ValueError(

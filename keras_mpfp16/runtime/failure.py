@@ -34,7 +34,7 @@ import sys
 import threading
 import traceback
 
-from keras_mpfp16.runtime import env, preemption
+from keras_mpfp16.runtime import env
 
 ENV_VAR = "KERAS_MPFP16_ABORT_ON_EXCEPTION"  # registered in runtime.env
 # Seconds MPI_Abort may take before the process ends itself.
@@ -218,6 +218,21 @@ def exit_status() -> tuple[int | None, str]:
     return None, "an uncaught SystemExit with a status Python < 3.12 does not reveal"
 
 
+# Set when every rank leaves together after an agreed preemption: the exit
+# check then lets the status (PREEMPTED_EXIT_CODE) through without aborting.
+_leaving = {"preempted": False}
+
+
+def mark_preempted_exit() -> None:
+    """Records that this process leaves because of an agreed preemption."""
+    _leaving["preempted"] = True
+
+
+def preempted_exit() -> bool:
+    """Whether this process leaves because of an agreed preemption."""
+    return _leaving["preempted"]
+
+
 def exit_description() -> str:
     """How this process is leaving, for the stall inspector's reports."""
     return exit_status()[1]
@@ -286,7 +301,7 @@ def _watch_exit_status(rank: int, size: int) -> None:
             raise
 
     def check():
-        if preemption.exiting():
+        if _leaving["preempted"]:
             return  # every rank leaves together, with the preemption status
         code, how = exit_status()
         if code not in (0, None):

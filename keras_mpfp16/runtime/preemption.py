@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from keras_mpfp16.runtime import collectives, env
+from keras_mpfp16.runtime import collectives, env, failure
 
 PREEMPTED_EXIT_CODE = 75
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
@@ -48,7 +48,6 @@ _state: dict[str, Any] = {
     "active": False,  # inside handling()
     "requested": None,  # the first signal number received, or None
     "agreed": False,  # a reduction saw a request from some rank
-    "exiting": False,  # this process leaves with PREEMPTED_EXIT_CODE
 }
 
 
@@ -107,11 +106,11 @@ def agreed() -> bool:
 def mark_exiting() -> None:
     """Records that this process leaves because of an agreed preemption (the
     abort-on-exit check then lets the status through without aborting)."""
-    _state["exiting"] = True
+    failure.mark_preempted_exit()
 
 
 def exiting() -> bool:
-    return _state["exiting"]
+    return failure.preempted_exit()
 
 
 def allreduce_carrying(buf: np.ndarray, name: str = "allreduce") -> np.ndarray:

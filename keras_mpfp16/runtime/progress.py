@@ -19,3 +19,6 @@ def set_epoch(epoch: int) -> None:
 def epoch() -> int:
     """The current epoch, or -1 when no callback reports epochs."""
     return _epoch
+
+
+__all__ = ["epoch", "set_epoch"]

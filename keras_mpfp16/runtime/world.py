@@ -7,6 +7,7 @@ mpi4py and can be used (and tested) on its own.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,18 @@ class _World:
 
 _world: _World | None = None
 _lock = threading.Lock()
+
+# Called with the library's communicator after every `init` that creates one.
+# Registered by the modules that build on this one (world imports none of
+# them: it is the bottom of the runtime).
+_init_hooks: list[Callable[[Any], None]] = []
+
+
+def add_init_hook(hook: Callable[[Any], None]) -> None:
+    """Runs `hook(comm)` after each `init` that creates the library's
+    communicator (once per hook, in registration order)."""
+    if hook not in _init_hooks:
+        _init_hooks.append(hook)
 
 
 def _import_mpi():
@@ -87,12 +100,10 @@ def init(comm: Any = None) -> None:
         old, _world = _world, _World(MPI, private, local, comm)
         if old is not None:
             _free(old)
-        # Keep a failure on one rank from hanging the others.
-        from keras_mpfp16.runtime import failure, rendezvous, stall
-
-        stall.start(private)
-        rendezvous.start(private)
-        failure.install_abort_on_exception(private.Get_rank(), private.Get_size())
+        # The job's services (stall inspector, evaluate rendezvous, abort on
+        # a failure: runtime/services.py) start on the new communicator.
+        for hook in _init_hooks:
+            hook(private)
 
 
 def _check_launcher(MPI) -> None:
@@ -166,14 +177,6 @@ def local_rank() -> int:
 def is_root() -> bool:
     """True on rank 0, the rank that logs and writes checkpoints."""
     return rank() == 0
-
-
-def barrier() -> None:
-    """Blocks until every rank has called `barrier()`."""
-    from keras_mpfp16.runtime import stall
-
-    with stall.collective("barrier"):
-        world().comm.Barrier()
 
 
 def launched_size() -> int:
