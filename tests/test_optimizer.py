@@ -58,7 +58,7 @@ def test_unwraps_a_keras_loss_scale_optimizer():
         (
             {"optimizer": "adam", "wire_dtype": "int8"},
             ValueError,
-            "float32, float16, bfloat16",
+            "one of 'float32', 'float16', 'bfloat16'",
         ),
         ({"optimizer": "adam", "bucket_size_mb": 0}, ValueError, "bucket_size_mb"),
         ({"optimizer": "adam", "bucket_size_mb": -5}, ValueError, "-5"),

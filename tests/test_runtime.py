@@ -40,9 +40,16 @@ def test_init_accepts_a_subcommunicator_and_rejects_junk():
 
 
 def test_bad_op_and_wire_dtype_name_the_allowed_values():
-    with pytest.raises(ValueError, match="average, sum, min, max"):
+    # One style (keras_mpfp16._validate): the argument, what is allowed, what came.
+    with pytest.raises(
+        ValueError,
+        match=r"`op`: expected one of 'average', 'sum', 'min', 'max'\. Received: op='mean'",
+    ):
         runtime.allreduce(1.0, op="mean")
-    with pytest.raises(ValueError, match="float32, float16, bfloat16"):
+    with pytest.raises(
+        ValueError,
+        match=r"expected one of 'float32', 'float16', 'bfloat16'\. Received: wire_dtype='int8'",
+    ):
         wire.validate_wire_dtype("int8")
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from keras_mpfp16 import _validate
 from keras_mpfp16.runtime import cuda, stall
 from keras_mpfp16.runtime.wire import lowp_allreduce_sum, validate_wire_dtype
 from keras_mpfp16.runtime.world import world
@@ -26,11 +27,8 @@ def barrier() -> None:
 
 
 def validate_op(op: str) -> str:
-    if op not in REDUCE_OPS:
-        raise ValueError(
-            f"Unknown reduction op {op!r}; allowed values are {', '.join(REDUCE_OPS)}."
-        )
-    return op
+    """`op` if it is one of `REDUCE_OPS`; else a `ValueError` naming them."""
+    return _validate.one_of("op", op, REDUCE_OPS)
 
 
 def _mpi_op(MPI, op: str):

@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from keras_mpfp16 import _validate
+
 WIRE_DTYPES = ("float32", "float16", "bfloat16")
 
 HEADER_WORDS = 2  # exponent, flags
@@ -48,12 +50,9 @@ BF16_OVERFLOW = float(np.float32(3.3961514e38))
 
 def validate_wire_dtype(wire_dtype: str) -> str:
     name = getattr(wire_dtype, "name", wire_dtype)
-    name = str(name)
-    if name not in WIRE_DTYPES:
-        raise ValueError(
-            f"Unknown wire dtype {wire_dtype!r}; allowed values are {', '.join(WIRE_DTYPES)}."
-        )
-    return name
+    if str(name) not in WIRE_DTYPES:
+        _validate.one_of("wire_dtype", wire_dtype, WIRE_DTYPES)  # raises
+    return str(name)
 
 
 def numpy_wire_dtype(wire_dtype: str) -> np.dtype:
