@@ -1,4 +1,4 @@
-"""Optimizer side: the DistributedOptimizer, loss scaling and bucket planning."""
+"""Optimizer side: the DistributedOptimizer and loss scaling."""
 
 from keras_mpfp16 import _keras_compat
 from keras_mpfp16.optimizer.distributed_optimizer import (
