@@ -56,7 +56,7 @@ def tensorflow_gradients():
         import tensorflow as tf
     except ImportError:
         return {"error": "tensorflow not installed"}
-    from keras_mpfp16.backend import tf_gradients
+    from keras_mpfp16.backend import tf_path
 
     before = dict(cuda.path_counts)
     keras.utils.set_random_seed(kmp.rank())  # different starts: the sync must fix
@@ -73,7 +73,7 @@ def tensorflow_gradients():
     return {
         "gpus_visible": len(tf.config.list_logical_devices("GPU")),
         "variables_on": model.trainable_variables[0].value.device or "?",
-        "reduction_path": tf_gradients.reduction_path(),
+        "reduction_path": tf_path.reduction_path(),
         "collectives": {
             k: after.get(k, 0) - before.get(k, 0)
             for k in ("device", "staged", "host", "dlpack")

@@ -1,6 +1,6 @@
 import pytest
 
-from keras_mpfp16.optimizer.buckets import plan_buckets
+from keras_mpfp16.backend.buckets import plan_buckets
 
 
 def test_everything_fits_in_one_bucket():

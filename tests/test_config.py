@@ -15,7 +15,7 @@ import keras
 import pytest
 
 import keras_mpfp16 as kmp
-from keras_mpfp16.backend import tf_gradients as tg
+from keras_mpfp16.backend import tf_sparse
 from keras_mpfp16.callbacks import rank_output
 from keras_mpfp16.runtime import cuda, env, failure, rendezvous
 
@@ -127,10 +127,10 @@ def test_readers_follow_the_registry(monkeypatch):
     assert rank_output._all_ranks_requested() is False
     kmp.config.set("all_ranks_output", True)
     assert rank_output._all_ranks_requested() is True
-    assert tg.sparse_mode() == "auto"
+    assert tf_sparse.sparse_mode() == "auto"
     kmp.config.set("sparse_gradients", "Dense")
-    assert tg.sparse_mode() == "dense"
-    assert tg.sparse_mode("sparse") == "sparse"  # the argument wins
+    assert tf_sparse.sparse_mode() == "dense"
+    assert tf_sparse.sparse_mode("sparse") == "sparse"  # the argument wins
     kmp.config.set("cuda_aware", False)
     aware, why = cuda.detection()
     assert aware is False and why.startswith(cuda.ENV_OVERRIDE)

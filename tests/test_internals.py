@@ -17,7 +17,7 @@ import pytest
 
 import keras_mpfp16
 from keras_mpfp16 import internals
-from keras_mpfp16.internals import KerasInternalsError
+from keras_mpfp16.internals import KerasInternalsError, keras_probes
 from keras_mpfp16.internals import keras as keras_internals
 from keras_mpfp16.internals import tensorflow as tf_internals
 from keras_mpfp16.sync import xla
@@ -27,7 +27,7 @@ SEAM = PACKAGE / "internals"
 
 
 def test_every_accessor_works_on_this_keras_and_tensorflow():
-    results = {**keras_internals.check(), **tf_internals.check()}
+    results = {**keras_probes.check(), **tf_internals.check()}
     assert set(results) == set(keras_internals.REGISTRY) | set(tf_internals.REGISTRY)
     broken = {name: why for name, why in results.items() if why is not None}
     assert not broken, f"{internals.installed_versions()}: {broken}"

@@ -232,6 +232,7 @@ class _FakeComm:
 def test_stall_conflicts_must_persist_before_the_job_is_ended(monkeypatch):
     """A stale "wait" (its "left" still in flight) must not end a healthy job."""
     from keras_mpfp16.runtime import stall
+    from keras_mpfp16.runtime.stall_messages import Wait
 
     insp = stall.Inspector(_FakeComm(), timeout=60, abort_after=0)
     failures = []
@@ -240,13 +241,12 @@ def test_stall_conflicts_must_persist_before_the_job_is_ended(monkeypatch):
     monkeypatch.setattr(stall.time, "monotonic", lambda: clock[0])
     now = stall.time.time()
     insp.table = {
-        0: ("wait", 8, "gradient allreduce", now),
-        1: ("wait", 7, "gradient allreduce", now),
+        0: Wait(8, "gradient allreduce", now),
+        1: Wait(7, "gradient allreduce", now),
     }
     insp._check()
     assert failures == []  # first sighting: within the grace period
-    insp.table[1] = (
-        "wait",
+    insp.table[1] = Wait(
         8,
         "gradient allreduce",
         now,
@@ -254,7 +254,7 @@ def test_stall_conflicts_must_persist_before_the_job_is_ended(monkeypatch):
     clock[0] += 10
     insp._check()
     assert failures == [] and insp._conflict is None
-    insp.table[1] = ("wait", 7, "gradient allreduce", now)  # a real, lasting divergence
+    insp.table[1] = Wait(7, "gradient allreduce", now)  # a real, lasting divergence
     insp._check()
     clock[0] += stall._CONFLICT_GRACE + 0.1
     insp._check()

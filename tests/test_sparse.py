@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_mpfp16.backend import tf_gradients as tg
-from keras_mpfp16.optimizer.buckets import sparse_is_cheaper
+from keras_mpfp16.backend import tf_sparse
+from keras_mpfp16.backend.buckets import sparse_is_cheaper
 
 
 def test_gather_is_chosen_only_when_it_moves_fewer_bytes():
@@ -34,7 +34,7 @@ def test_local_dense_form_sums_repeated_rows():
     """The dense fallback of a sparse gradient equals TensorFlow's densifying."""
     values = tf.constant(np.arange(12, dtype=np.float32).reshape(6, 2))
     grad = tf.IndexedSlices(values, tf.constant([4, 1, 4, 0, 1, 4]), [6, 2])
-    s = tg._SparseGradient(0, grad, tf.TensorShape([6, 2]))
+    s = tf_sparse.SparseGradient(0, grad, tf.TensorShape([6, 2]))
     dense = s.local_dense().numpy().reshape(6, 2)
     np.testing.assert_array_equal(dense, tf.convert_to_tensor(grad).numpy())
 

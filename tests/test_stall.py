@@ -10,6 +10,7 @@ import time
 import pytest
 
 from keras_mpfp16.runtime import env, stall
+from keras_mpfp16.runtime.stall_messages import Finished, Left, Wait
 
 
 class _FakeComm:
@@ -54,13 +55,13 @@ def test_pending_sends_are_never_lost_when_two_threads_send():
     request (whose buffer MPI may still be reading) is dropped.
     """
     insp = stall.Inspector(_FakeComm(rank=1), timeout=60, abort_after=0)
-    insp._send(("wait", 1, "x", 0.0, None))  # one outstanding request to prune
+    insp._send(Wait(1, "x", 0.0, None))  # one outstanding request to prune
     _FakeRequest.gate = threading.Event()
     try:
-        a = threading.Thread(target=insp._send, args=(("left", 1),))
+        a = threading.Thread(target=insp._send, args=(Left(1),))
         a.start()
         time.sleep(0.1)  # A is now inside Test()
-        b = threading.Thread(target=insp._send, args=(("wait", 2, "y", 0.0, None),))
+        b = threading.Thread(target=insp._send, args=(Wait(2, "y", 0.0, None),))
         b.start()
         time.sleep(0.1)
         _FakeRequest.gate.set()
@@ -103,8 +104,8 @@ def test_finished_vs_model_signature_check_names_that_not_batches(monkeypatch):
     insp = _insp()
     now = time.time()
     insp.table = {
-        0: ("finished", 2, "barrier", None, "its script ended"),
-        1: ("wait", 3, "model signature check", now, None),
+        0: Finished(2, "barrier", None, "its script ended"),
+        1: Wait(3, "model signature check", now, None),
     }
     msg = _conflict_message(insp, monkeypatch)
     assert "model signature check" in msg
@@ -117,14 +118,13 @@ def test_finished_vs_evaluate_collective_names_the_collectives(monkeypatch):
     insp = _insp()
     now = time.time()
     insp.table = {
-        0: (
-            "finished",
+        0: Finished(
             40,
             "gradient allreduce, bucket 1/1, train step 11",
             11,
             "its script ended",
         ),
-        1: ("wait", 41, "allreduce (evaluate metrics)", now, 11),
+        1: Wait(41, "allreduce (evaluate metrics)", now, 11),
     }
     msg = _conflict_message(insp, monkeypatch)
     assert "'allreduce (evaluate metrics)'" in msg and "never entered" in msg
@@ -135,15 +135,13 @@ def test_finished_vs_a_later_train_step_blames_batches(monkeypatch):
     insp = _insp()
     now = time.time()
     insp.table = {
-        0: (
-            "finished",
+        0: Finished(
             36,
             "gradient allreduce, bucket 1/1, train step 11",
             11,
             "its script ended",
         ),
-        1: (
-            "wait",
+        1: Wait(
             37,
             "step check before gradient allreduce, bucket 1/1, train step 12",
             now,
@@ -160,8 +158,8 @@ def test_unknown_systemexit_is_named_as_the_cause(monkeypatch):
     now = time.time()
     how = "an uncaught SystemExit with a status Python < 3.12 does not reveal"
     insp.table = {
-        0: ("wait", 9, "gradient allreduce, bucket 1/1, train step 3", now, 3),
-        1: ("finished", 8, "gradient allreduce, bucket 1/1, train step 2", 2, how),
+        0: Wait(9, "gradient allreduce, bucket 1/1, train step 3", now, 3),
+        1: Finished(8, "gradient allreduce, bucket 1/1, train step 2", 2, how),
     }
     msg = _conflict_message(insp, monkeypatch)
     assert "rank 1 left the script through an uncaught SystemExit" in msg
@@ -172,8 +170,8 @@ def test_different_collectives_with_different_steps_blame_batches(monkeypatch):
     insp = _insp()
     now = time.time()
     insp.table = {
-        0: ("wait", 8, "gradient allreduce, bucket 1/1, train step 5", now, 5),
-        1: ("wait", 8, "gradient allreduce, bucket 1/1, train step 4", now, 4),
+        0: Wait(8, "gradient allreduce, bucket 1/1, train step 5", now, 5),
+        1: Wait(8, "gradient allreduce, bucket 1/1, train step 4", now, 4),
     }
     msg = _conflict_message(insp, monkeypatch)
     assert "rank 0 at train step 5, rank 1 at train step 4" in msg
@@ -183,8 +181,8 @@ def test_different_collectives_by_name_say_which(monkeypatch):
     insp = _insp()
     now = time.time()
     insp.table = {
-        0: ("wait", 8, "barrier", now, None),
-        1: ("wait", 8, "model signature check", now, None),
+        0: Wait(8, "barrier", now, None),
+        1: Wait(8, "model signature check", now, None),
     }
     msg = _conflict_message(insp, monkeypatch)
     assert "rank 0 in #8 'barrier'; rank 1 in #8 'model signature check'" in msg
@@ -212,7 +210,7 @@ def test_a_silent_rank_is_declared_unreachable_with_its_host(monkeypatch):
     )
     # A rank that has finished is not expected to beat any more.
     failures.clear()
-    insp.table[2] = ("finished", 3, "barrier", None, "its script ended")
+    insp.table[2] = Finished(3, "barrier", None, "its script ended")
     insp._check_heartbeats()
     assert failures == []
 
@@ -269,8 +267,8 @@ def test_different_collectives_while_a_rank_computes_are_no_conflict(monkeypatch
     insp = _insp(size=3)
     now = time.time()
     insp.table = {
-        0: ("wait", 244, "model signature check", now, None),
-        2: ("wait", 242, "broadcast (header)", now, None),
+        0: Wait(244, "model signature check", now, None),
+        2: Wait(242, "broadcast (header)", now, None),
     }
     failures = []
     monkeypatch.setattr(insp, "_fail", failures.append)
@@ -281,5 +279,5 @@ def test_different_collectives_while_a_rank_computes_are_no_conflict(monkeypatch
         clock[0] += stall._CONFLICT_GRACE + 0.1
     assert not failures, failures
     # Once rank 1 waits too (in yet another collective), it is a conflict.
-    insp.table[1] = ("wait", 250, "barrier", now, None)
+    insp.table[1] = Wait(250, "barrier", now, None)
     assert "different collectives" in _conflict_message(insp, monkeypatch)

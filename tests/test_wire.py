@@ -1,6 +1,6 @@
 """The 16-bit wire format, the step slots and DLPack buffers, in one process.
 
-The in-graph encoder (backend/tf_gradients.py) must produce exactly the
+The in-graph encoder (backend/tf_wire.py) must produce exactly the
 numpy encoder's words (runtime/wire.py): ranks may mix the two (the numpy
 path serves `allreduce_flat`), and both must keep float16 from flushing tiny
 values or overflowing.
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_mpfp16.backend import tf_gradients as tg
+from keras_mpfp16.backend import tf_path, tf_sparse, tf_steps, tf_wire
 from keras_mpfp16.runtime import cuda, wire
 
 
@@ -33,7 +33,7 @@ def test_graph_encoder_matches_numpy_encoder_bit_for_bit(wire_dtype):
     rows = sample_rows(np.random.default_rng(0))
     slots = wire.slot_words([3, 123456789012, 17])
     want = wire.encode_rows(rows, wire_dtype, slots)
-    got = tg._encode(
+    got = tf_wire.encode_rows(
         tf.constant(rows), wire_dtype, flag=True, slots=tf.constant(slots)
     ).numpy()
     np.testing.assert_array_equal(got[:, 2:], want[:, 2:])  # exponents, slots, values
@@ -47,7 +47,7 @@ def test_graph_encoder_matches_numpy_encoder_bit_for_bit(wire_dtype):
 def test_graph_decoder_matches_numpy_decoder(wire_dtype):
     rows = sample_rows(np.random.default_rng(1))
     words = wire.encode_rows(rows, wire_dtype)
-    flat, finite = tg._decode(tf.constant(words), wire_dtype, 1.0)
+    flat, finite = tf_wire.decode_rows(tf.constant(words), wire_dtype, 1.0)
     want = wire.decode_rows(words, wire_dtype).reshape(-1)
     np.testing.assert_array_equal(flat.numpy(), want)
     assert not bool(finite)  # rows 3 and 4 carry NaN / Inf
@@ -73,14 +73,14 @@ def test_owner_sum_in_tensorflow_matches_numpy():
         rows = (rng.normal(size=(3, 100)) * [[1e-6], [1.0], [3e4]]).astype(np.float32)
         recv = wire.encode_rows(rows, wire_dtype, wire.slot_words([1, 2]))
         want = wire.owner_sum(recv, wire_dtype, slot_count=8)
-        got = tg._owner_sum(tf.constant(recv), wire_dtype, 8).numpy()
+        got = tf_wire.owner_sum(tf.constant(recv), wire_dtype, 8).numpy()
         np.testing.assert_array_equal(got[:, :2], want[:, :2])
         np.testing.assert_allclose(
             wire.decode_rows(got, wire_dtype), wire.decode_rows(want, wire_dtype)
         )
         # A sender's non-finite flag survives into the owner's row.
         recv[1, 1] = wire.FLAG_NONFINITE
-        assert tg._owner_sum(tf.constant(recv), wire_dtype, 8).numpy()[0, 1] == 1
+        assert tf_wire.owner_sum(tf.constant(recv), wire_dtype, 8).numpy()[0, 1] == 1
 
 
 def test_step_slots_are_exact_for_large_steps():
@@ -96,15 +96,16 @@ def test_step_slots_are_exact_for_large_steps():
 
 
 def test_step_table_errors_name_what_differs():
-    tg.check_step_table(np.array([[0, 5, 3], [0, 5, 9]]), "x")  # counts may differ
+    # Row counts (the columns after epoch and step) may differ.
+    tf_steps.check_step_table(np.array([[0, 5, 3], [0, 5, 9]]), "x")
     with pytest.raises(RuntimeError) as err:
-        tg.check_step_table(np.array([[1, 12], [0, 12]]), "bucket 1/1")
+        tf_steps.check_step_table(np.array([[1, 12], [0, 12]]), "bucket 1/1")
     text = str(err.value)
     assert "different epochs at the same train step" in text
     assert "rank 0: train step 12 (epoch 1), rank 1: train step 12 (epoch 0)" in text
     assert "batches" not in text and "steps differ" not in text
     with pytest.raises(RuntimeError) as err:
-        tg.check_step_table(np.array([[-1, 4], [-1, 5], [-1, 4]]), "bucket 1/2")
+        tf_steps.check_step_table(np.array([[-1, 4], [-1, 5], [-1, 4]]), "bucket 1/2")
     text = str(err.value)
     assert "train steps differ" in text and "batches" in text
     assert "rank 1: train step 5" in text and "epoch" not in text.split("—")[1][:60]
@@ -142,23 +143,23 @@ def test_cuda_query_failure_warns_once_and_stages(monkeypatch):
 
 
 def test_reduction_path_is_decided_once_and_says_why(monkeypatch):
-    monkeypatch.setattr(tg, "_path", None)
+    monkeypatch.setattr(tf_path, "_path", None)
     monkeypatch.setenv(cuda.ENV_OVERRIDE, "1")
-    path = tg.reduction_path()
+    path = tf_path.reduction_path()
     assert path["path"] == "device" and "KERAS_MPFP16_CUDA_AWARE=1" in path["reason"]
     monkeypatch.setenv(cuda.ENV_OVERRIDE, "0")
-    assert tg.reduction_path()["path"] == "device"  # decided once
-    tg._reset_reduction_path()
-    assert tg.reduction_path()["path"] == "host"
+    assert tf_path.reduction_path()["path"] == "device"  # decided once
+    tf_path._reset_reduction_path()
+    assert tf_path.reduction_path()["path"] == "host"
     monkeypatch.delenv(cuda.ENV_OVERRIDE)
-    tg._reset_reduction_path()
-    path = tg.reduction_path()
+    tf_path._reset_reduction_path()
+    path = tf_path.reduction_path()
     assert path["path"] == "host" and path["gpus"] == 0 and path["reason"]
-    tg._reset_reduction_path()
+    tf_path._reset_reduction_path()
 
 
 def test_sparse_mode_is_validated(monkeypatch):
-    monkeypatch.setenv(tg.SPARSE_ENV, "sometimes")
+    monkeypatch.setenv(tf_sparse.SPARSE_ENV, "sometimes")
     with pytest.raises(ValueError, match="auto, dense, sparse"):
-        tg.sparse_mode()
-    assert tg.sparse_mode("dense") == "dense"
+        tf_sparse.sparse_mode()
+    assert tf_sparse.sparse_mode("dense") == "dense"

@@ -106,7 +106,7 @@ def worker(args):
     model.fit(x, y, batch_size=args.batch, epochs=1, verbose=0)
     per_step = (time.perf_counter() - t0) / args.steps
     # Cut the event stream into steps: each step has one event per gradient.
-    from keras_mpfp16.optimizer.buckets import plan_buckets
+    from keras_mpfp16.backend.buckets import plan_buckets
 
     n_grads = len(model.trainable_variables)
     sizes = [int(np.prod(v.shape)) * 4 for v in model.trainable_variables]

@@ -2,7 +2,8 @@
 
 It moves gradients between the compiled train step and MPI
 (`allreduce_gradients`, implemented in `tf_gradients.py`: fused buckets, the
-16-bit wires encoded in-graph, sparse gradients, DLPack buffers), and holds
+16-bit wires encoded in-graph (`tf_wire.py`), sparse gradients
+(`tf_sparse.py`), DLPack buffers (`tf_path.py`)), and holds
 the step's other collectives (initial sync, replica checksums, small-tensor
 reductions for metrics). Another backend gets its own module with the same
 functions.
@@ -19,10 +20,10 @@ import tensorflow as tf
 
 from keras_mpfp16.backend.tf_gradients import (  # noqa: F401  (the bridge's API)
     allreduce_gradients,
-    check_step_table,
-    reduction_path,
 )
 from keras_mpfp16.backend.tf_order import ordered
+from keras_mpfp16.backend.tf_path import reduction_path  # noqa: F401  (bridge API)
+from keras_mpfp16.backend.tf_steps import check_step_table  # noqa: F401  (bridge API)
 from keras_mpfp16.internals.tensorflow import (  # noqa: F401  (bridge API)
     devices_initialized,
     in_xla_context,

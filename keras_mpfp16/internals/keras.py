@@ -8,13 +8,15 @@ is imported: if any is missing, importing it (and so `keras_mpfp16`) raises
 one `KerasInternalsError` listing each missing one, the feature affected and
 the installed Keras version. Instance attributes are checked at first use
 (when a model is compiled or a callback is set on it), with the same error.
-`check()` probes every entry, instance attributes included (used by
-`tests/test_internals.py` at both ends of the tested range).
+`keras_probes.check()` probes every entry, instance attributes included (used by
+`tests/test_internals.py` at both ends of the tested range); the probes live
+in `internals/keras_probes.py`.
 
 How to add one: register an `Internal` with `_register`, resolve or check it
 at import if it exists at module level, write an accessor that raises
 `_error(entry, ...)` when the internal is missing at use, add a probe to
-`check()`, and list it in docs/architecture.md's seam section.
+`keras_probes.py`'s `PROBES`, and list it in docs/architecture.md's seam
+section.
 
 Backend-neutral: imports only `keras` (no TensorFlow), like the layers.
 """
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import warnings
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -133,6 +135,12 @@ AUTOCAST_SCOPE = _register(
 _AutocastScope = _resolve(AUTOCAST_SCOPE, "keras.src.backend", "AutocastScope")
 
 
+def autocast_scope(dtype: str | None) -> Any:
+    """Keras's autocast scope: float variables read as `dtype` inside it
+    (None: in their own dtype)."""
+    return _AutocastScope(dtype)
+
+
 def read_uncast(variable: keras.Variable) -> Any:
     """`variable`'s value in its own dtype, ignoring any autocast scope.
 
@@ -166,6 +174,12 @@ else:
     )
 
 _GUARD_MARK = "_keras_mpfp16_wrapped"
+
+
+def trainer_module() -> Any:
+    """`keras.src.trainers.trainer`, whose `model_supports_jit` `compile`
+    consults (None if it could not be imported)."""
+    return _trainer_module
 
 
 def wrap_model_supports_jit(make_wrapper: Callable[[Callable], Callable]) -> None:
@@ -594,6 +608,11 @@ if _array_adapter is not None:
     _check_signature(ARRAY_DATASET, getattr(_array_adapter, "get_tf_dataset", None), ())
 
 
+def array_data_adapter() -> Any:
+    """Keras's `ArrayDataAdapter` class (numpy inputs of fit/evaluate)."""
+    return _array_adapter
+
+
 class array_datasets_without_autotune:  # noqa: N801 - used like a function
     """Context manager: Keras's `tf.data` pipelines for array inputs run
     without tf.data autotuning while it is active.
@@ -607,35 +626,42 @@ class array_datasets_without_autotune:  # noqa: N801 - used like a function
     100-s epochs. With autotuning off there is no such thread; the pipeline
     (an index gather per batch) does not need tuning.
 
-    Re-entrant; only affects datasets Keras builds while it is active.
+    Re-entrant and thread-safe (the patch is process-wide: the first of
+    nested or concurrent scopes installs it, the last one out restores it);
+    only affects datasets Keras builds while it is active.
     """
 
     _depth = 0
     _original = None
+    # Guards the count and the patch together: two threads entering (or one
+    # leaving while another enters) must not both install, or restore early.
+    _lock = threading.Lock()
 
     def __enter__(self):
         cls = type(self)
-        if cls._depth == 0:
-            original = _array_adapter.get_tf_dataset
+        with cls._lock:
+            if cls._depth == 0:
+                original = _array_adapter.get_tf_dataset
 
-            def get_tf_dataset(adapter):
-                import tensorflow as tf
+                def get_tf_dataset(adapter):
+                    import tensorflow as tf
 
-                options = tf.data.Options()
-                options.autotune.enabled = False
-                return original(adapter).with_options(options)
+                    options = tf.data.Options()
+                    options.autotune.enabled = False
+                    return original(adapter).with_options(options)
 
-            cls._original = original
-            _array_adapter.get_tf_dataset = get_tf_dataset
-        cls._depth += 1
+                cls._original = original
+                _array_adapter.get_tf_dataset = get_tf_dataset
+            cls._depth += 1
         return self
 
     def __exit__(self, *exc):
         cls = type(self)
-        cls._depth -= 1
-        if cls._depth == 0:
-            _array_adapter.get_tf_dataset = cls._original
-            cls._original = None
+        with cls._lock:
+            cls._depth -= 1
+            if cls._depth == 0:
+                _array_adapter.get_tf_dataset = cls._original
+                cls._original = None
         return False
 
 
@@ -716,377 +742,59 @@ class skip_steps_of_next_epoch:  # noqa: N801 - used like a function
         return False
 
 
+# -- undocumented behaviour of public Keras API -------------------------------
+# No private name to resolve: these are things public methods do (or accept)
+# that Keras does not document. The probes (keras_probes.py) exercise each at
+# the installed Keras; the constants are what the package relies on.
+
+CACHED_EVAL_DATASET_KWARG = "_use_cached_eval_dataset"
+FIT_VALIDATION_EVALUATE = _register(
+    "keras.CACHED_EVAL_DATASET_KWARG",
+    "keras.Model.fit runs validation as "
+    "self.evaluate(..., _use_cached_eval_dataset=True)",
+    "validation inside a collective fit (training/model_hooks.py tells such "
+    "an evaluate from a user's by that keyword)",
+)
+
+GET_METRICS_RESULT = "get_metrics_result"
+METRICS_RESULT_AT_END = _register(
+    "keras.GET_METRICS_RESULT",
+    "keras.Model.get_metrics_result, looked up on the instance and called "
+    "after the last batch of an epoch and of an evaluation",
+    "the metric reduction's end of evaluation (ranks with fewer validation "
+    "batches catch up when Keras reads the final metrics)",
+)
+
+CALLBACK_LIST_ATTRIBUTE = "callbacks"
+CALLBACK_LIST_EDITABLE = _register(
+    "keras.CALLBACK_LIST_ATTRIBUTE",
+    "keras.callbacks.CallbackList.callbacks (the list edited in place after "
+    "construction, then set_model called again)",
+    "a collective fit given a CallbackList (the library's callbacks placed "
+    "around the user's, training/run.py)",
+)
+
+
 # Every problem found on import, in one error.
 if _import_problems:
     raise KerasInternalsError(_import_problems)
 
 
-# -- probes ----------------------------------------------------------------------
-
-
-def _probe_rnn_loop() -> None:
-    from keras import ops
-
-    def step(x, states):
-        h = states[0] + x
-        return h, [h]
-
-    last, outputs, states = rnn_loop(
-        step,
-        ops.ones((1, 3, 2)),
-        [ops.zeros((1, 2))],
-        go_backwards=False,
-        mask=None,
-        unroll=False,
-        input_length=3,
-        time_major=False,
-        zero_output_for_mask=False,
-        return_all_outputs=True,
-    )
-    got = ops.convert_to_numpy(last).tolist()
-    if got != [[3.0, 3.0]] or tuple(outputs.shape) != (1, 3, 2):
-        raise AssertionError(f"summing 3 ones gave {got}, outputs {outputs.shape}")
-
-
-def _probe_read_uncast() -> None:
-    variable = keras.Variable([1.0, 2.0], dtype="float32")
-    with _AutocastScope("float16"):
-        cast = keras.backend.standardize_dtype(variable.value.dtype)
-        raw = keras.backend.standardize_dtype(read_uncast(variable).dtype)
-    if (cast, raw) != ("float16", "float32"):
-        raise AssertionError(f"autocast read {cast}, read_uncast {raw}")
-
-
-def _tiny_model() -> keras.Model:
-    inputs = keras.Input((2,))
-    model = keras.Model(inputs, keras.layers.Dense(1)(inputs))
-    return model
-
-
-def _probe_model_supports_jit() -> None:
-    seen = []
-    original = _trainer_module.model_supports_jit
-
-    def refuse(model):
-        seen.append(model)
-        return False
-
-    _trainer_module.model_supports_jit = refuse
-    try:
-        model = _tiny_model()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # Keras: "doesn't support jit_compile"
-            model.compile(optimizer="sgd", loss="mse", jit_compile=True)
-    finally:
-        _trainer_module.model_supports_jit = original
-    if model not in seen or model.jit_compile:
-        raise AssertionError(
-            "compile(jit_compile=True) did not consult model_supports_jit "
-            f"(consulted: {model in seen}, jit_compile={model.jit_compile})"
-        )
-
-
-def _probe_learning_rate_slot() -> None:
-    optimizer = keras.optimizers.SGD(0.5)
-    slot = get_learning_rate_slot(optimizer)
-    if not isinstance(slot, keras.Variable):
-        raise AssertionError(f"a float learning rate is held as {type(slot)}")
-    set_learning_rate_slot(optimizer, lambda: 0.25)
-    rate = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
-    set_learning_rate_slot(optimizer, slot)
-    if rate != 0.25:
-        raise AssertionError(f"a callable in the slot gave learning_rate {rate}")
-    if not any(v is slot for v in optimizer.variables):
-        raise AssertionError("the learning-rate variable was untracked")
-
-
-def _probe_optimizer_variables() -> None:
-    a = keras.Variable([1.0, 2.0])
-    b = keras.Variable([3.0])
-    optimizer = keras.optimizers.SGD(0.1)
-    optimizer.build([a, b])
-    if [id(v) for v in optimizer_trainable_variables(optimizer)] != [id(a), id(b)]:
-        raise AssertionError("_trainable_variables is not the built list")
-    if (
-        optimizer_variable_index(optimizer, a),
-        optimizer_variable_index(optimizer, b),
-    ) != (
-        0,
-        1,
-    ):
-        raise AssertionError("_get_variable_index does not give the build order")
-
-
-def _probe_build_optimizer_base() -> None:
-    a = keras.Variable([1.0, 2.0])
-    optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1))
-    build_optimizer_base(optimizer, [a])
-    if not optimizer.built:
-        raise AssertionError("Optimizer.build did not mark the optimizer built")
-
-
-def _probe_checkpoint_hooks() -> None:
-    import os
-    import tempfile
-
-    saved = []
-
-    class Probe(keras.callbacks.ModelCheckpoint):
-        pass
-
-    def save(self, epoch, batch, logs):
-        path = checkpoint_file_path(self, epoch, batch, logs)
-        if checkpoint_should_save(self, epoch, batch, logs, path):
-            saved.append(path)
-
-    setattr(Probe, MODEL_CHECKPOINT_SAVE_METHOD, save)
-    with tempfile.TemporaryDirectory() as tmp:
-        callback = Probe(tmp + "/m-{epoch:02d}.keras", save_best_only=True)
-        callback.set_model(_tiny_model())
-        for epoch, loss in enumerate([1.0, 2.0, 0.5]):
-            callback.on_epoch_end(epoch, {"val_loss": loss})
-        want = [tmp + "/m-01.keras", tmp + "/m-03.keras"]
-        if saved != want:
-            raise AssertionError(f"saved {saved}, expected {want}")
-        # Bookkeeping only: the best value moves, no file is written.
-        stock = keras.callbacks.ModelCheckpoint(
-            tmp + "/sub/n-{epoch:02d}.keras", save_best_only=True
-        )
-        stock.set_model(_tiny_model())
-        with checkpoint_bookkeeping_only(stock):
-            for epoch, loss in enumerate([1.0, 2.0, 0.5]):
-                stock.on_epoch_end(epoch, {"val_loss": loss})
-        if stock.best != 0.5 or os.path.exists(tmp + "/sub"):
-            raise AssertionError(
-                f"bookkeeping only: best {stock.best}, wrote "
-                f"{os.path.exists(tmp + '/sub')}"
-            )
-        if MODEL_CHECKPOINT_SAVE_METHOD in vars(stock):
-            raise AssertionError("checkpoint_bookkeeping_only left its hook behind")
-
-
-def _probe_step_functions() -> None:
-    import numpy as np
-
-    model = _tiny_model()
-    model.compile(optimizer="sgd", loss="mse")
-    x, y = np.zeros((2, 2), "float32"), np.zeros((2, 1), "float32")
-    model.train_on_batch(x, y)
-    calls = []
-    own = model.train_step
-
-    def train_step(data):
-        calls.append(1)
-        return own(data)
-
-    model.train_step = train_step
-    reset_step_functions(model)
-    model.train_on_batch(x, y)
-    if not calls:
-        raise AssertionError("the rebuilt train function did not call train_step")
-
-
-def _probe_flatten_layers() -> None:
-    model = _tiny_model()
-    if model not in flatten_layers(model) or len(flatten_layers(model)) < 2:
-        raise AssertionError("flatten_layers did not list the model and its layers")
-
-
-def _probe_symbolic_build() -> None:
-    import numpy as np
-
-    class Net(keras.Model):
-        def __init__(self):
-            super().__init__()
-            self.dense = keras.layers.Dense(3)
-
-        def call(self, x):
-            return self.dense(x)
-
-    model = Net()
-    model.compile(optimizer="sgd", loss="mse")
-    symbolic_build(model, (np.zeros((2, 4), "float32"), np.zeros((2, 3), "float32")))
-    shapes = [tuple(v.shape) for v in model.trainable_variables]
-    if shapes != [(4, 3), (3,)] or not model.optimizer.built:
-        raise AssertionError(
-            f"symbolic_build left variables {shapes}, optimizer built: "
-            f"{model.optimizer.built}"
-        )
-
-
-def _probe_initial_epoch() -> None:
-    model = _tiny_model()
-    before = get_initial_epoch(model)
-    set_initial_epoch(model, 3)
-    if get_initial_epoch(model) != 3:
-        raise AssertionError("_initial_epoch did not round-trip")
-    set_initial_epoch(model, before)
-
-
-def _probe_backup_paths() -> None:
-    import os
-    import shutil
-    import tempfile
-
-    directory = tempfile.mkdtemp()
-    callback = keras.callbacks.BackupAndRestore(directory)
-    weights, metadata = backup_paths(callback)
-    if os.path.dirname(weights) != directory or os.path.dirname(metadata) != directory:
-        raise AssertionError(f"unexpected backup paths {weights!r}, {metadata!r}")
-    # The redirected paths are the ones the callback writes.
-    model = _tiny_model()
-    model.compile(optimizer="sgd", loss="mse")
-    callback.set_model(model)
-    elsewhere = tempfile.mkdtemp()
-    staged = [os.path.join(elsewhere, os.path.basename(p)) for p in (weights, metadata)]
-    set_backup_paths(callback, *staged)
-    callback.on_epoch_end(0)
-    if not all(os.path.exists(p) for p in staged):
-        raise AssertionError("BackupAndRestore did not write to the redirected paths")
-    for d in (directory, elsewhere):
-        shutil.rmtree(d, ignore_errors=True)
-
-
-def _probe_metrics_result_or_logs() -> None:
-    model = _tiny_model()
-    model.compile(optimizer="sgd", loss="mse")
-    calls = []
-
-    def fn(logs):
-        calls.append(logs)
-        return original_metrics_result_or_logs(model, logs)
-
-    override_metrics_result_or_logs(model, fn)
-    import numpy as np
-
-    model.evaluate(np.zeros((2, 2), "float32"), np.zeros((2, 1)), verbose=0)
-    override_metrics_result_or_logs(model, None)
-    if not calls:
-        raise AssertionError("evaluate did not call _get_metrics_result_or_logs")
-
-
-def _probe_train_validation_split() -> None:
-    import numpy as np
-
-    x = np.arange(8.0)
-    (train, _, _), (val, _, _) = train_validation_split((x, None, None), 0.25)
-    if not (np.array_equal(train, x[:6]) and np.array_equal(val, x[6:])):
-        raise AssertionError(f"unexpected split {train!r} / {val!r}")
-
-
-def _probe_array_datasets() -> None:
-    if keras.backend.backend() != "tensorflow":
-        return
-    import numpy as np
-
-    before = _array_adapter.get_tf_dataset
-    autotune = []  # per dataset Keras built from arrays while active
-    model = _tiny_model()
-    model.compile(optimizer="sgd", loss="mse")
-    x, y = np.zeros((4, 2), "float32"), np.zeros((4, 1), "float32")
-    with array_datasets_without_autotune():
-        patched = _array_adapter.get_tf_dataset
-
-        def spy(adapter):
-            dataset = patched(adapter)
-            autotune.append(dataset.options().autotune.enabled)
-            return dataset
-
-        _array_adapter.get_tf_dataset = spy
-        try:
-            model.evaluate(x, y, batch_size=2, verbose=0)
-        finally:
-            _array_adapter.get_tf_dataset = patched
-    if autotune != [False]:
-        raise AssertionError(
-            "evaluate on arrays built its tf.data pipeline through "
-            f"ArrayDataAdapter.get_tf_dataset {len(autotune)} times "
-            f"(autotune enabled: {autotune}); expected once, disabled"
-        )
-    if _array_adapter.get_tf_dataset is not before:
-        raise AssertionError("ArrayDataAdapter.get_tf_dataset was not restored")
-
-
-def _probe_skip_steps() -> None:
-    import numpy as np
-
-    model = _tiny_model()
-    model.compile(optimizer="sgd", loss="mse")
-    x = np.arange(8, dtype="float32").reshape(4, 2)
-    y = np.zeros((4, 1), "float32")
-    seen = []
-
-    class Batches(keras.callbacks.Callback):
-        def on_train_batch_begin(self, batch, logs=None):
-            seen.append(batch)
-
-    with skip_steps_of_next_epoch():
-        skip_steps_of_next_epoch.arm(3)
-        model.fit(
-            x,
-            y,
-            batch_size=1,
-            epochs=2,
-            shuffle=False,
-            verbose=0,
-            callbacks=[Batches()],
-        )
-    if seen != [3, 0, 1, 2, 3]:
-        raise AssertionError(f"steps run {seen}, expected [3, 0, 1, 2, 3]")
-    if int(model.optimizer.iterations.numpy()) != 5:
-        raise AssertionError("the skipped steps were trained")
-
-
-_PROBES = {
-    RNN_LOOP.accessor: _probe_rnn_loop,
-    AUTOCAST_SCOPE.accessor: _probe_read_uncast,
-    MODEL_SUPPORTS_JIT.accessor: _probe_model_supports_jit,
-    OPTIMIZER_LEARNING_RATE.accessor: _probe_learning_rate_slot,
-    OPTIMIZER_TRAINABLE_VARIABLES.accessor: _probe_optimizer_variables,
-    OPTIMIZER_VARIABLE_INDEX.accessor: _probe_optimizer_variables,
-    BASE_OPTIMIZER_BUILD.accessor: _probe_build_optimizer_base,
-    MODEL_CHECKPOINT_HOOKS.accessor: _probe_checkpoint_hooks,
-    STEP_FUNCTIONS.accessor: _probe_step_functions,
-    FLATTEN_LAYERS.accessor: _probe_flatten_layers,
-    SYMBOLIC_BUILD.accessor: _probe_symbolic_build,
-    INITIAL_EPOCH.accessor: _probe_initial_epoch,
-    BACKUP_PATHS.accessor: _probe_backup_paths,
-    ARRAY_DATASET.accessor: _probe_array_datasets,
-    METRICS_RESULT_OR_LOGS.accessor: _probe_metrics_result_or_logs,
-    TRAIN_VALIDATION_SPLIT.accessor: _probe_train_validation_split,
-    EPOCH_ITERATOR.accessor: _probe_skip_steps,
-}
-
-
-def check() -> dict[str, str | None]:
-    """Exercises every accessor on small objects.
-
-    Returns:
-        `{accessor: None}` for each one that works as the package needs, or
-        `{accessor: "what went wrong"}`.
-    """
-    results: dict[str, str | None] = {}
-    for accessor in REGISTRY:
-        try:
-            _PROBES[accessor]()
-        except Exception as exc:  # noqa: BLE001 - reported, not swallowed
-            results[accessor] = f"{type(exc).__name__}: {exc}"
-        else:
-            results[accessor] = None
-    return results
-
-
 __all__ = [
+    "CACHED_EVAL_DATASET_KWARG",
+    "CALLBACK_LIST_ATTRIBUTE",
+    "GET_METRICS_RESULT",
     "MODEL_CHECKPOINT_SAVE_METHOD",
     "REGISTRY",
+    "array_data_adapter",
     "array_datasets_without_autotune",
+    "autocast_scope",
     "backup_paths",
     "flatten_layers",
     "set_backup_paths",
     "get_initial_epoch",
     "set_initial_epoch",
     "build_optimizer_base",
-    "check",
     "checkpoint_bookkeeping_only",
     "checkpoint_file_path",
     "checkpoint_should_save",
@@ -1102,5 +810,6 @@ __all__ = [
     "skip_steps_of_next_epoch",
     "symbolic_build",
     "train_validation_split",
+    "trainer_module",
     "wrap_model_supports_jit",
 ]

@@ -9,8 +9,8 @@ from keras import ops
 
 from keras_mpfp16 import _validate, runtime
 from keras_mpfp16 import backend as backends
+from keras_mpfp16.backend.buckets import DEFAULT_BUCKET_MB
 from keras_mpfp16.internals import keras as keras_internals
-from keras_mpfp16.optimizer.buckets import DEFAULT_BUCKET_MB
 from keras_mpfp16.optimizer.engines import check_no_other_engine
 from keras_mpfp16.optimizer.loss_scale import (
     LossScaleConfig,

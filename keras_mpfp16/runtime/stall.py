@@ -35,13 +35,15 @@ after which a rank counts as lost, default 30; 0 turns heartbeats off), or
 only runs when MPI provides `MPI_THREAD_MULTIPLE` (mpi4py's default); with a
 lower thread level the inspector stays off and rank 0 says so once.
 
+The messages are named types (`runtime/stall_messages.py`); the text of the
+warnings and errors is built in `runtime/stall_diagnosis.py`.
+
 Nothing here imports Keras.
 """
 
 from __future__ import annotations
 
 import atexit
-import re
 import sys
 import threading
 import time
@@ -49,6 +51,13 @@ from contextlib import contextmanager
 
 from keras_mpfp16.runtime import env
 from keras_mpfp16.runtime import timeline as _timeline_mod
+from keras_mpfp16.runtime.stall_diagnosis import (
+    cause_different,
+    cause_finished,
+    describe,
+    train_step_of,
+)
+from keras_mpfp16.runtime.stall_messages import Beat, Finished, Left, Report, Wait
 
 # Registered (with their defaults) in runtime.env.
 TIMEOUT_ENV = env.setting("STALL_TIMEOUT").name
@@ -66,13 +75,6 @@ _CONFLICT_GRACE = 3.0
 _POLL = 0.2
 # How long a finishing rank waits for its last reports to leave.
 _FLUSH_DEADLINE = 10.0
-_STEP_RE = re.compile(r"train step (-?\d+)")
-
-
-def train_step_of(name: str) -> int | None:
-    """The train step a collective's name refers to (`'... train step 12'`), if any."""
-    m = _STEP_RE.search(name or "")
-    return int(m.group(1)) if m else None
 
 
 class _Local:
@@ -120,9 +122,9 @@ class Inspector:
         # Outstanding isend requests; only touched under `_send_lock`.
         self._pending: list = []
         self._send_lock = threading.Lock()
-        # rank 0's view: rank -> ("wait", seq, name, waited_since, last_step)
-        #                      | ("finished", seq, name, last_step, how)
-        self.table: dict[int, tuple] = {}
+        # rank 0's view: each rank's last Wait or Finished (none: not in a
+        # collective).
+        self.table: dict[int, Report] = {}
         self._last_warning = 0.0
         # `table` is written by the main thread and the watcher on rank 0.
         self._lock = threading.Lock()
@@ -165,7 +167,7 @@ class Inspector:
             with self._state_lock:
                 local.since = None
                 if local.reported_seq == local.seq:
-                    self._send(("left", local.seq))
+                    self._send(Left(local.seq))
 
     def finish(self, how: str = "its script ended") -> None:
         """Called at exit: tell rank 0, and on rank 0 wait for everyone.
@@ -180,12 +182,11 @@ class Inspector:
         self._finished.set()
         self._finished_at = time.monotonic()
         with self._state_lock:
-            msg = (
-                "finished",
-                self.local.seq,
-                self.local.name,
-                self.local.last_step,
-                how,
+            msg = Finished(
+                seq=self.local.seq,
+                name=self.local.name,
+                last_step=self.local.last_step,
+                how=how,
             )
             self._send(msg)
         if self.rank != 0:
@@ -208,7 +209,7 @@ class Inspector:
 
     def _count_finished(self) -> int:
         with self._lock:
-            return sum(1 for v in self.table.values() if v[0] == "finished")
+            return sum(1 for v in self.table.values() if isinstance(v, Finished))
 
     # -- messages -------------------------------------------------------------
 
@@ -233,17 +234,12 @@ class Inspector:
             self._apply(rank, msg)
 
     def _apply(self, rank: int, msg) -> None:
-        kind = msg[0]
-        if kind == "wait":
+        if isinstance(msg, (Wait, Finished)):
             self.table[rank] = msg
-        elif kind == "left":
-            if (
-                self.table.get(rank, (None, -1))[0] == "wait"
-                and self.table[rank][1] == msg[1]
-            ):
+        elif isinstance(msg, Left):
+            entry = self.table.get(rank)
+            if isinstance(entry, Wait) and entry.seq == msg.seq:
                 del self.table[rank]
-        elif kind == "finished":
-            self.table[rank] = msg
 
     # -- watcher thread -------------------------------------------------------
 
@@ -270,7 +266,7 @@ class Inspector:
             ):
                 local.reported_seq = local.seq
                 started = time.time() - (time.monotonic() - since)
-                self._send(("wait", local.seq, local.name, started, local.last_step))
+                self._send(Wait(local.seq, local.name, started, local.last_step))
         self._drain()
         if self.heartbeat:
             self._beat()
@@ -284,13 +280,13 @@ class Inspector:
             return
         self._last_beat = now
         if self.rank != 0:
-            self._send_to(0, ("beat",))
+            self._send_to(0, Beat())
             return
         with self._lock:
-            done = {r for r, e in self.table.items() if e[0] == "finished"}
+            done = {r for r, e in self.table.items() if isinstance(e, Finished)}
         for r in range(1, self.size):
             if r not in done:
-                self._send_to(r, ("beat",))
+                self._send_to(r, Beat())
 
     def _drain(self) -> None:
         from mpi4py import MPI
@@ -299,7 +295,7 @@ class Inspector:
         while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=_TAG, status=status):
             rank, msg = self.comm.recv(source=status.Get_source(), tag=_TAG)
             self._heard[rank] = time.monotonic()
-            if self.rank == 0 and msg[0] != "beat":
+            if self.rank == 0 and not isinstance(msg, Beat):
                 self._update(rank, msg)
 
     def _check_heartbeats(self) -> None:
@@ -318,7 +314,7 @@ class Inspector:
                 )
             return
         with self._lock:
-            done = {r for r, e in self.table.items() if e[0] == "finished"}
+            done = {r for r, e in self.table.items() if isinstance(e, Finished)}
         lost = [
             r
             for r in range(1, self.size)
@@ -339,112 +335,29 @@ class Inspector:
             )
 
     def _describe(self, rank: int, snapshot: dict) -> str:
-        entry = snapshot.get(rank)
-        who = self.where(rank)
         silent = time.monotonic() - self._heard[rank]
-        if self.heartbeat and rank != self.rank and silent >= self.heartbeat:
-            last = (
-                ""
-                if entry is None
-                else f"; last report: {entry[0]} #{entry[1]} {entry[2]!r}"
-            )
-            return f"{who}: silent for {silent:.0f}s{last}"
-        if entry is None:
-            return f"{who}: not in a collective (computing, or stuck outside MPI)"
-        if entry[0] == "finished":
-            step = "" if entry[3] is None else f", last train step {entry[3]}"
-            return (
-                f"{who}: finished ({entry[4]}) after {entry[1]} collectives "
-                f"(last: #{entry[1]} {entry[2]!r}{step})"
-            )
-        waited = time.time() - entry[3]
-        return f"{who}: waiting {waited:.0f}s in collective #{entry[1]} {entry[2]!r}"
+        lost = self.heartbeat and rank != self.rank and silent >= self.heartbeat
+        return describe(self.where(rank), snapshot.get(rank), silent if lost else None)
 
     def _everyone(self, snapshot: dict) -> str:
         return "\n  ".join(self._describe(r, snapshot) for r in range(self.size))
 
-    def _cause_finished(self, waiting: dict, finished: dict) -> str:
-        """Why ranks that finished and ranks that wait cannot meet."""
-        unknown_exit = [
-            r for r, e in finished.items() if "SystemExit" in str(e[4] or "")
-        ]
-        if unknown_exit:
-            return (
-                f"rank{'s' if len(unknown_exit) > 1 else ''} "
-                f"{', '.join(map(str, sorted(unknown_exit)))} left the script "
-                "through an uncaught SystemExit while the others still need "
-                "them."
-            )
-        w_rank, w = min(waiting.items())
-        f_rank, f = min(finished.items())
-        # The waiting rank's train step: the one its collective belongs to,
-        # else the last one it reduced gradients for.
-        w_step = train_step_of(w[2])
-        if w_step is None:
-            w_step = w[4]
-        f_step = f[3]
-        if w_step is not None and f_step is not None and w_step > f_step:
-            return (
-                f"rank {w_rank} is at train step {w_step} but rank {f_rank} "
-                f"finished after train step {f_step}: rank {w_rank} had more "
-                f"batches (steps) than rank {f_rank}. Shard data with "
-                "keras_mpfp16.shard so every rank runs the same number of steps."
-            )
-        hint = ""
-        if "model signature" in w[2]:
-            hint = (
-                " 'model signature check' runs when a model compiled with "
-                "DistributedOptimizer is built or trained; some ranks did that "
-                "and others did not (for example load_model, fit or evaluate on "
-                "one rank only)."
-            )
-        return (
-            f"rank {w_rank} waits in collective #{w[1]} {w[2]!r}, which rank "
-            f"{f_rank} never entered before finishing after {f[1]} collectives "
-            f"(last: {f[2]!r}): the ranks made different keras_mpfp16 calls."
-            f"{hint} Every rank must make the same collective calls in the same "
-            "order."
-        )
-
-    def _cause_different(self, waiting: dict) -> str:
-        """Why ranks waiting in different collectives cannot meet."""
-        steps = {r: train_step_of(e[2]) for r, e in waiting.items()}
-        known = {r: s for r, s in steps.items() if s is not None}
-        if len(known) == len(waiting) and len(set(known.values())) > 1:
-            parts = ", ".join(
-                f"rank {r} at train step {s}" for r, s in sorted(known.items())
-            )
-            return (
-                f"the ranks are at different train steps ({parts}): some ranks "
-                "ran more batches than others. Shard data with "
-                "keras_mpfp16.shard so every rank runs the same number of steps."
-            )
-        parts = "; ".join(
-            f"rank {r} in #{e[1]} {e[2]!r}" for r, e in sorted(waiting.items())
-        )
-        return (
-            f"the ranks wait in different collectives ({parts}): they made "
-            "different keras_mpfp16 calls (for example evaluate, a barrier or a "
-            "callback's collective on some ranks only). Every rank must make the "
-            "same collective calls in the same order."
-        )
-
     def _check(self) -> None:
         with self._lock:
             snapshot = dict(self.table)
-        waiting = {r: e for r, e in snapshot.items() if e[0] == "wait"}
-        finished = {r: e for r, e in snapshot.items() if e[0] == "finished"}
+        waiting = {r: e for r, e in snapshot.items() if isinstance(e, Wait)}
+        finished = {r: e for r, e in snapshot.items() if isinstance(e, Finished)}
         self._check_finish_wait(snapshot, finished)
         if not waiting:
             self._conflict = None
             return
         everyone = self._everyone(snapshot)
-        calls = {(e[1], e[2]) for e in waiting.values()}
+        calls = {(e.seq, e.name) for e in waiting.values()}
         conflict = None
         if finished:
             conflict = (
                 "ranks cannot meet: some ranks finished while others wait in a "
-                f"collective. Cause: {self._cause_finished(waiting, finished)}"
+                f"collective. Cause: {cause_finished(waiting, finished)}"
                 f"\n  {everyone}"
             )
         elif len(calls) > 1 and len(waiting) == self.size:
@@ -455,17 +368,17 @@ class Inspector:
             # that is still busy. That rank's arrival completes theirs.
             conflict = (
                 "ranks wait in different collectives, which can never match. "
-                f"Cause: {self._cause_different(waiting)}\n  {everyone}"
+                f"Cause: {cause_different(waiting)}\n  {everyone}"
             )
         if conflict is None:
             self._conflict = None
         else:
-            signature = tuple(sorted((r, e[0], e[1]) for r, e in snapshot.items()))
+            signature = tuple(sorted((r, e.kind, e.seq) for r, e in snapshot.items()))
             if self._conflict is None or self._conflict[0] != signature:
                 self._conflict = (signature, time.monotonic())
             elif time.monotonic() - self._conflict[1] >= _CONFLICT_GRACE:
                 self._fail(conflict)
-        oldest = min(e[3] for e in waiting.values())
+        oldest = min(e.since for e in waiting.values())
         stalled = time.time() - oldest
         if (
             self.timeout
@@ -687,3 +600,7 @@ def collective(name: str):
             record.append((name, threading.get_ident(), start, time.perf_counter()))
         if recorder is not None:
             recorder.collective(name, start_ns, time.perf_counter_ns())
+
+
+# `configure` is the API (docs/api.md); the rest serves the runtime.
+__all__ = ["Inspector", "collective", "configure", "inspector", "start"]

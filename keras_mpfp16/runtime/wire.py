@@ -15,8 +15,9 @@ rank by construction), and the bytes sent per rank equal a ring allreduce's
 at half the width.
 
 The row format, shared by this numpy implementation (`allreduce_flat` for
-numpy callers) and the TensorFlow bridge (which encodes and decodes inside the
-train step's graph, so only the owner's sum touches the host):
+numpy callers) and the TensorFlow bridge (`backend/tf_wire.py`, which encodes
+and decodes inside the train step's graph, so only the owner's sum touches the
+host):
 
     [exponent, flags, slot words..., values...]      (uint16 words)
 
@@ -37,10 +38,32 @@ import numpy as np
 
 from keras_mpfp16 import _validate
 
+# Two codecs, one format. The numpy codec below and the TensorFlow one in
+# `backend/tf_wire.py` stay two implementations because they are written in
+# two array languages: the TensorFlow one must run inside the compiled train
+# step (graph ops on device tensors), this one on host arrays for numpy callers
+# and without TensorFlow (runtime/ never imports a backend). Every fact about
+# the format -- word positions, flag bits, slot layout, scaling rules, the
+# float32 bit layout the exponents are read from -- is a constant of this
+# module, read by both; tests/test_wire.py checks that the two produce the
+# same words bit for bit (encode, decode, owner's sum), since ranks may mix
+# them.
+
 WIRE_DTYPES = ("float32", "float16", "bfloat16")
 
+# Row layout: [exponent, flags, slot words..., values...] (uint16 words).
+EXPONENT_WORD = 0  # int16 power of two the float16 values travel multiplied by
+FLAGS_WORD = 1
 HEADER_WORDS = 2  # exponent, flags
 FLAG_NONFINITE = 1
+# The float32 (IEEE 754 binary32) bits the exponents are read from and the
+# exact powers of two are built from.
+F32_MANTISSA_BITS = 23
+F32_EXPONENT_BIAS = 127
+F32_EXPONENT_MASK = 0xFF
+F32_MANTISSA_MASK = 0x7FFFFF
+# Scaling rules: float16 rows are scaled so their max lands at or below
+# 2**FP16_TARGET_EXP, by at most 2**+-MAX_SHIFT.
 FP16_TARGET_EXP = 15
 MAX_SHIFT = 100
 # The smallest float32 magnitude that rounds to infinity in bfloat16
@@ -80,6 +103,9 @@ def chunk_length(length: int, n: int) -> int:
 
 # -- step slots ----------------------------------------------------------------
 
+# 16-bit wires: an int64 slot value travels as 4 little-endian uint16 words.
+SLOT_WORDS_PER_VALUE = 4
+
 
 def slot_words(values) -> np.ndarray:
     """int64 slot values -> the uint16 words that carry them (4 per value)."""
@@ -92,20 +118,22 @@ def slots_from_words(words: np.ndarray) -> np.ndarray:
 
 
 # float32 slots: a value v >= -1 travels as two integer-valued float32s
-# (v + 1 = hi * 2**24 + lo), exact up to 2**48 and through a float32 sum.
+# (v + SLOT_OFFSET = hi * 2**24 + lo), exact up to 2**48 and through a float32
+# sum.
 SLOT_SPLIT = 2**24
+SLOT_OFFSET = 1  # the epoch is -1 where no callback reports epochs
 
 
 def float_slots(values) -> np.ndarray:
     """int64 slot values -> float32 pairs (hi, lo), exact through an Allreduce."""
-    v = np.asarray(values, dtype=np.int64) + 1
+    v = np.asarray(values, dtype=np.int64) + SLOT_OFFSET
     return np.stack([v // SLOT_SPLIT, v % SLOT_SPLIT], axis=-1).astype(np.float32)
 
 
 def slots_from_floats(pairs: np.ndarray, ranks: int) -> np.ndarray:
     """Inverse of `float_slots` for a reduced (ranks * k * 2,) float32 tail."""
     p = np.asarray(pairs, dtype=np.float64).reshape(ranks, -1, 2)
-    return (p[..., 0] * SLOT_SPLIT + p[..., 1]).astype(np.int64) - 1
+    return (p[..., 0] * SLOT_SPLIT + p[..., 1]).astype(np.int64) - SLOT_OFFSET
 
 
 # -- the 16-bit row format (numpy) --------------------------------------------
@@ -120,8 +148,8 @@ def fp16_exponents(amax: np.ndarray) -> np.ndarray:
     """
     amax = np.ascontiguousarray(amax, dtype=np.float32)
     bits = amax.view(np.int32)
-    exponent = (bits >> 23) & 0xFF
-    ceil_log2 = exponent - 127 + ((bits & 0x7FFFFF) != 0)
+    exponent = (bits >> F32_MANTISSA_BITS) & F32_EXPONENT_MASK
+    ceil_log2 = exponent - F32_EXPONENT_BIAS + ((bits & F32_MANTISSA_MASK) != 0)
     shift = np.clip(FP16_TARGET_EXP - ceil_log2, -MAX_SHIFT, MAX_SHIFT)
     ok = np.isfinite(amax) & (amax > 0)
     return np.where(ok, shift, 0).astype(np.int32)
@@ -130,7 +158,9 @@ def fp16_exponents(amax: np.ndarray) -> np.ndarray:
 def pow2(exponent: np.ndarray) -> np.ndarray:
     """2.0**exponent as exact float32, for -126 <= exponent <= 127."""
     return (
-        ((np.asarray(exponent, np.int32) + 127) << 23).astype(np.int32).view(np.float32)
+        ((np.asarray(exponent, np.int32) + F32_EXPONENT_BIAS) << F32_MANTISSA_BITS)
+        .astype(np.int32)
+        .view(np.float32)
     )
 
 
@@ -153,7 +183,7 @@ def encode_rows(
     bad = ~np.isfinite(amax)
     if wire_dtype == "float16":
         exp = fp16_exponents(amax)
-        out[:, 0] = exp.astype(np.int16).view(np.uint16)
+        out[:, EXPONENT_WORD] = exp.astype(np.int16).view(np.uint16)
         scaled = rows * pow2(exp)[:, None]
         with np.errstate(over="ignore"):  # only non-finite rows (exponent 0) overflow
             out[:, HEADER_WORDS + k :] = scaled.astype(np.float16).view(np.uint16)
@@ -162,7 +192,7 @@ def encode_rows(
         out[:, HEADER_WORDS + k :] = rows.astype(numpy_wire_dtype(wire_dtype)).view(
             np.uint16
         )
-    out[:, 1] = np.where(bad, FLAG_NONFINITE, 0)
+    out[:, FLAGS_WORD] = np.where(bad, FLAG_NONFINITE, 0)
     if k:
         out[:, HEADER_WORDS : HEADER_WORDS + k] = slots
     return out
@@ -174,7 +204,7 @@ def decode_rows(words: np.ndarray, wire_dtype: str, slot_count: int = 0) -> np.n
     values = np.ascontiguousarray(words[:, start:]).view(numpy_wire_dtype(wire_dtype))
     out = values.astype(np.float32)
     if wire_dtype == "float16":
-        out *= pow2(-words[:, 0].view(np.int16))[:, None]
+        out *= pow2(-words[:, EXPONENT_WORD].view(np.int16))[:, None]
     return out
 
 
@@ -186,7 +216,7 @@ def owner_sum(recv: np.ndarray, wire_dtype: str, slot_count: int = 0) -> np.ndar
     for row in rows[1:]:
         partial += row
     mine = encode_rows(partial[None, :], wire_dtype)
-    mine[:, 1] |= np.bitwise_or.reduce(recv[:, 1]) & FLAG_NONFINITE
+    mine[:, FLAGS_WORD] |= np.bitwise_or.reduce(recv[:, FLAGS_WORD]) & FLAG_NONFINITE
     return mine
 
 

@@ -23,7 +23,7 @@ import numpy as np  # noqa: E402
 from call_counter import counting, gradient_calls  # noqa: E402
 
 import keras_mpfp16 as kmp  # noqa: E402
-from keras_mpfp16.backend import tf_gradients as tg  # noqa: E402
+from keras_mpfp16.backend import tf_sparse  # noqa: E402
 
 rank, n = kmp.rank(), kmp.size()
 VOCAB, DIM, T, B, STEPS = 3000, 16, 12, 8, 6
@@ -46,7 +46,7 @@ def build():
 
 
 def train(mode, policy, wire="float32"):
-    os.environ[tg.SPARSE_ENV] = mode
+    os.environ[tf_sparse.SPARSE_ENV] = mode
     keras.config.set_dtype_policy(policy)
     model = build()
     opt = kmp.DistributedOptimizer(keras.optimizers.SGD(0.5), wire_dtype=wire)

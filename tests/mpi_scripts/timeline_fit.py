@@ -27,7 +27,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 import keras_mpfp16 as kmp  # noqa: E402
-from keras_mpfp16.optimizer.buckets import plan_buckets  # noqa: E402
+from keras_mpfp16.backend.buckets import plan_buckets  # noqa: E402
 
 out_dir, mode = sys.argv[1], sys.argv[2]
 if os.environ.get("TIMELINE_TEST_PINGPONG"):

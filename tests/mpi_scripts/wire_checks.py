@@ -26,6 +26,7 @@ from call_counter import counting, gradient_calls  # noqa: E402
 import keras_mpfp16 as kmp  # noqa: E402
 from keras_mpfp16 import runtime  # noqa: E402
 from keras_mpfp16.backend import tf_gradients as tg  # noqa: E402
+from keras_mpfp16.backend import tf_path  # noqa: E402
 from keras_mpfp16.runtime import cuda, progress  # noqa: E402
 
 runtime.init()
@@ -102,8 +103,8 @@ tiny = (ones * 3e-9 * (rank + 1)).astype(np.float32)
 huge = (ones * 4e4 * (rank + 1)).astype(np.float32)
 for path in ("host", "dlpack"):
     os.environ[cuda.ENV_OVERRIDE] = "1" if path == "dlpack" else "0"
-    tg._reset_reduction_path()
-    out[f"path_{path}"] = tg.reduction_path()["path"]
+    tf_path._reset_reduction_path()
+    out[f"path_{path}"] = tf_path.reduction_path()["path"]
     before = cuda.path_counts["dlpack"]
     for wire in WIRES:
         # Small buckets: every tensor in a bucket of its own (several MPI
@@ -156,7 +157,7 @@ for wire in WIRES:
 
 for path in ("host", "dlpack"):
     os.environ[cuda.ENV_OVERRIDE] = "1" if path == "dlpack" else "0"
-    tg._reset_reduction_path()
+    tf_path._reset_reduction_path()
     for wire in WIRES if path == "host" else ("float32",):
         try:
             reduce(grads[:2], wire, step=10 + (rank == 1))
@@ -171,7 +172,7 @@ for path in ("host", "dlpack"):
             out[f"epoch_error_{path}_{wire}"] = error_line(e)
         progress.set_epoch(-1)
 os.environ[cuda.ENV_OVERRIDE] = "0"
-tg._reset_reduction_path()
+tf_path._reset_reduction_path()
 
 # -- MPI calls per Keras train step ---------------------------------------------------------
 

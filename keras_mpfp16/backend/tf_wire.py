@@ -1,0 +1,133 @@
+"""The 16-bit wire's row format in TensorFlow ops (in-graph encode/decode).
+
+The format is `runtime/wire.py`'s: `[exponent, flags, slot words...,
+values...]` as uint16 words, with its scaling rules. Every constant and
+layout fact used here is read from there, so the format is defined once.
+
+Why a second codec: this one runs inside the compiled train step (graph ops,
+on the device the gradients live on), while `runtime/wire.py`'s numpy codec
+serves numpy callers (`allreduce_flat`) and must not import a backend. Ranks
+may mix the two, so they must agree bit for bit: tests/test_wire.py compares
+this encoder, decoder and owner's sum with the numpy ones.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from keras_mpfp16.runtime import wire
+
+TF_WIRE_DTYPES = {"float16": tf.float16, "bfloat16": tf.bfloat16}
+
+_H = wire.HEADER_WORDS
+_EXP = wire.EXPONENT_WORD
+_FLAGS = wire.FLAGS_WORD
+
+
+def pow2(exponent):
+    """2.0**exponent (int32 tensor, -126..127) as exact float32."""
+    return tf.bitcast(
+        tf.bitwise.left_shift(
+            exponent + wire.F32_EXPONENT_BIAS, wire.F32_MANTISSA_BITS
+        ),
+        tf.float32,
+    )
+
+
+def fp16_exponents(amax):
+    """Per-row exponent that brings the row's max to <= 2**15 (`wire.fp16_exponents`)."""
+    bits = tf.bitcast(amax, tf.int32)
+    exponent = tf.bitwise.bitwise_and(
+        tf.bitwise.right_shift(bits, wire.F32_MANTISSA_BITS), wire.F32_EXPONENT_MASK
+    )
+    inexact = tf.cast(
+        tf.bitwise.bitwise_and(bits, wire.F32_MANTISSA_MASK) != 0, tf.int32
+    )
+    shift = tf.clip_by_value(
+        wire.FP16_TARGET_EXP - (exponent - wire.F32_EXPONENT_BIAS + inexact),
+        -wire.MAX_SHIFT,
+        wire.MAX_SHIFT,
+    )
+    ok = tf.logical_and(tf.math.is_finite(amax), amax > 0)
+    return tf.where(ok, shift, tf.zeros_like(shift))
+
+
+def encode_rows(rows, wire_dtype: str, flag: bool, slots=None, force_flag=None):
+    """float32 rows (R, c) -> uint16 rows [exponent, flags, slots..., values...].
+
+    `flag`: compute the non-finite flag (always for float16, which needs the
+    row maxima anyway; for bfloat16 only where asked: owners).
+    """
+    r = rows.shape[0]
+    zeros = tf.zeros([r], tf.uint16)
+    bad = None
+    if wire_dtype == "float16" or flag:
+        amax = tf.maximum(tf.reduce_max(rows, 1), -tf.reduce_min(rows, 1))
+        bad = tf.logical_not(tf.math.is_finite(amax))
+    if wire_dtype == "float16":
+        exp = fp16_exponents(amax)
+        values = tf.cast(rows * pow2(exp)[:, None], tf.float16)
+        exp_words = tf.bitcast(tf.cast(exp, tf.int16), tf.uint16)
+    else:
+        values = tf.cast(rows, tf.bfloat16)
+        exp_words = zeros
+        if bad is not None:
+            bad = tf.logical_or(bad, amax >= wire.BF16_OVERFLOW)
+    if bad is not None and force_flag is not None:
+        bad = tf.logical_or(bad, force_flag)
+    flags = zeros if bad is None else tf.cast(bad, tf.uint16)
+    header = [None] * _H
+    header[_EXP], header[_FLAGS] = exp_words, flags
+    pieces = [tf.stack(header, 1)]
+    if slots is not None:
+        # (Tile has no uint16 kernel; int16 has the same bits.)
+        tiled = tf.tile(tf.bitcast(slots, tf.int16)[None, :], [r, 1])
+        pieces.append(tf.bitcast(tiled, tf.uint16))
+    pieces.append(tf.bitcast(values, tf.uint16))
+    return tf.concat(pieces, 1)
+
+
+def decode_rows(words, wire_dtype: str, scale: float):
+    """uint16 rows [exponent, flags, values...] -> (flat float32, finite).
+
+    The flat vector keeps the rows' padding at its end: callers split it off
+    (a split is a pass they make anyway; a slice here would be another).
+    """
+    values = tf.cast(tf.bitcast(words[:, _H:], TF_WIRE_DTYPES[wire_dtype]), tf.float32)
+    if wire_dtype == "float16":
+        exp = tf.cast(tf.bitcast(words[:, _EXP], tf.int16), tf.int32)
+        factor = pow2(-exp)
+        if scale != 1.0:
+            factor = factor * scale
+        values = values * factor[:, None]
+    elif scale != 1.0:
+        values = values * scale
+    flat = tf.reshape(values, [-1])
+    flags = tf.bitwise.bitwise_and(words[:, _FLAGS], wire.FLAG_NONFINITE)
+    return flat, tf.reduce_all(tf.equal(flags, 0))
+
+
+def owner_sum(recv, wire_dtype: str, slot_words: int):
+    """The owner's step, in eager TensorFlow: float32 sum of the received rows,
+    encoded as one row with its own exponent and non-finite flag.
+
+    Eager ops, not a tf.function: called from a py_function, whose thread may
+    be the rank's only inter-op thread, a nested function call would wait
+    for that thread forever. Eager kernels run inline.
+    """
+    values = tf.cast(
+        tf.bitcast(recv[:, _H + slot_words :], TF_WIRE_DTYPES[wire_dtype]), tf.float32
+    )
+    if wire_dtype == "float16":
+        exp = tf.cast(tf.bitcast(recv[:, _EXP], tf.int16), tf.int32)
+        weights = pow2(-exp)
+    else:
+        weights = tf.ones([recv.shape[0]], tf.float32)
+    # sum_r weight_r * row_r as one (1 x N) @ (N x c) product: a single read of
+    # the rows (3-4x faster here than scaling, then reducing). The weights are
+    # powers of two, so every product is exact; only the sum rounds.
+    partial = tf.matmul(weights[None, :], values)[0]
+    carried = tf.reduce_any(
+        tf.not_equal(tf.bitwise.bitwise_and(recv[:, _FLAGS], wire.FLAG_NONFINITE), 0)
+    )
+    return encode_rows(partial[None, :], wire_dtype, flag=True, force_flag=carried)
