@@ -197,7 +197,9 @@ def test_wire_bytes_are_halved_by_16_bit_formats():
 def test_stall_settings_are_validated(monkeypatch):
     from keras_mpfp16.runtime import stall
 
-    with pytest.raises(ValueError, match="timeout must be > 0"):
+    with pytest.raises(
+        ValueError, match=r"`timeout`: expected a number of seconds > 0"
+    ):
         stall.configure(timeout=0)
     with pytest.raises(ValueError, match="abort_after must be >= 0"):
         stall.configure(abort_after=-1)

@@ -131,10 +131,12 @@ def summarize(job):
     return s
 
 
-def horovod_rows(cluster, n, rate, rounds, horovod_python):
+def horovod_rows(cluster, n, rate, rounds, horovod_python, models=tuple(HVD_PAIRS)):
     """Ours vs Horovod on one node count and rate: jobs interleaved by pair."""
     rows = []
     for model, pairs in HVD_PAIRS.items():
+        if model not in models:
+            continue
         ours = {c: [] for c in pairs}
         hvd = {c: [] for c in pairs.values()}
         for r in range(rounds):
@@ -184,6 +186,9 @@ def main():
         choices=["link", "main", "overlap", "sparse", "horovod"],
     )
     p.add_argument("--horovod-venv", default=".venv-horovod")
+    p.add_argument(
+        "--hvd-models", default="dense,imdb", help="horovod suite: models to run"
+    )
     p.add_argument("--nodes", default=None, help="comma-separated node counts")
     p.add_argument("--rates", default="10gbit,1gbit")
     p.add_argument("--models", default="facts,dense")
@@ -231,7 +236,12 @@ def main():
                 jobs = []
                 if args.suite == "horovod":
                     results["jobs"] += horovod_rows(
-                        cluster, n, rate, args.rounds, horovod_python
+                        cluster,
+                        n,
+                        rate,
+                        args.rounds,
+                        horovod_python,
+                        models=args.hvd_models.split(","),
                     )
                     save()
                     continue

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from keras_mpfp16 import _validate
+
 DEFAULT_BUCKET_MB = 25.0  # PyTorch DDP's default bucket size
 
 
@@ -22,8 +24,7 @@ def plan_buckets(sizes: list[int], bucket_bytes: int) -> list[list[int]]:
         Lists of indices into `sizes`, in the order the buckets are reduced.
         Within a bucket indices are ascending.
     """
-    if bucket_bytes <= 0:
-        raise ValueError(f"bucket_bytes must be > 0; received {bucket_bytes!r}.")
+    _validate.number("bucket_bytes", bucket_bytes, minimum=0, min_inclusive=False)
     buckets: list[list[int]] = []
     current: list[int] = []
     filled = 0

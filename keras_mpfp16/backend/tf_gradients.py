@@ -30,6 +30,7 @@ import re
 import numpy as np
 import tensorflow as tf
 
+from keras_mpfp16 import _validate
 from keras_mpfp16.backend.buckets import plan_buckets, sparse_is_cheaper
 from keras_mpfp16.backend.tf_order import ordered
 from keras_mpfp16.backend.tf_path import (
@@ -308,8 +309,7 @@ def _checked_arguments(grads, shapes, op, wire_dtype, step):
             f"({[s.as_list() for s in shapes]})."
         )
     wire_dtype = wire.validate_wire_dtype(wire_dtype)
-    if op not in ("sum", "average"):
-        raise ValueError(f"Unknown op {op!r}; allowed values are 'sum', 'average'.")
+    _validate.one_of("op", op, ("sum", "average"))
     return step, shapes, wire_dtype
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from keras_mpfp16 import _validate
+
 
 def stacked_lstm(
     timesteps: int = 128,
@@ -25,7 +27,7 @@ def stacked_lstm(
     elif layer_impl == "mpfp16":
         from keras_mpfp16.layers import LSTM as lstm
     else:
-        raise ValueError(f"Unknown layer_impl {layer_impl!r}; allowed: keras, mpfp16.")
+        _validate.one_of("layer_impl", layer_impl, ("keras", "mpfp16"))  # raises
     stack = [keras.Input((timesteps, features))]
     for i in range(layers):
         stack.append(lstm(units, return_sequences=i < layers - 1))

@@ -49,6 +49,7 @@ import threading
 import time
 from contextlib import contextmanager
 
+from keras_mpfp16 import _validate
 from keras_mpfp16.runtime import env
 from keras_mpfp16.runtime import timeline as _timeline_mod
 from keras_mpfp16.runtime.stall_diagnosis import (
@@ -539,12 +540,33 @@ def configure(
             (> 0; call it with the same value on every rank). Heartbeats
             switched off at start cannot be switched on here.
     """
-    if timeout is not None and not timeout > 0:
-        raise ValueError(f"timeout must be > 0 seconds; received {timeout!r}.")
-    if abort_after is not None and abort_after < 0:
-        raise ValueError(f"abort_after must be >= 0 seconds; received {abort_after!r}.")
-    if heartbeat is not None and not heartbeat > 0:
-        raise ValueError(f"heartbeat must be > 0 seconds; received {heartbeat!r}.")
+    seconds = "a number of seconds"
+    _validate.number(
+        "timeout",
+        timeout,
+        minimum=0,
+        min_inclusive=False,
+        allow_none=True,
+        finite=False,
+        expected=f"{seconds} > 0",
+    )
+    _validate.number(
+        "abort_after",
+        abort_after,
+        minimum=0,
+        allow_none=True,
+        finite=False,
+        expected=f"{seconds} >= 0",
+    )
+    _validate.number(
+        "heartbeat",
+        heartbeat,
+        minimum=0,
+        min_inclusive=False,
+        allow_none=True,
+        finite=False,
+        expected=f"{seconds} > 0",
+    )
     if _inspector is not None:
         if timeout is not None:
             _inspector.timeout = timeout
