@@ -201,7 +201,9 @@ def test_stall_settings_are_validated(monkeypatch):
         ValueError, match=r"`timeout`: expected a number of seconds > 0"
     ):
         stall.configure(timeout=0)
-    with pytest.raises(ValueError, match="abort_after must be >= 0"):
+    with pytest.raises(
+        ValueError, match=r"`abort_after`: expected a number of seconds >= 0"
+    ):
         stall.configure(abort_after=-1)
     monkeypatch.setenv(stall.TIMEOUT_ENV, "soon")
     with pytest.raises(ValueError, match="KERAS_MPFP16_STALL_TIMEOUT='soon'"):
