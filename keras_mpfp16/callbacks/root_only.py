@@ -5,9 +5,10 @@ from __future__ import annotations
 import keras
 
 from keras_mpfp16 import runtime
+from keras_mpfp16.callbacks.wrapper import CallbackWrapper
 
 
-class RootOnly(keras.callbacks.Callback):
+class RootOnly(CallbackWrapper):
     """Stands in for a callback on ranks other than 0: does nothing.
 
     It still forwards `set_model` and `set_params`, so the wrapped callback
@@ -23,21 +24,12 @@ class RootOnly(keras.callbacks.Callback):
     async_safe = True
 
     def __init__(self, callback: keras.callbacks.Callback):
-        super().__init__()
         if not isinstance(callback, keras.callbacks.Callback):
             raise TypeError(
                 "root_only expects a keras.callbacks.Callback; received an "
                 f"object of type {type(callback).__name__}."
             )
-        self.callback = callback
-
-    def set_model(self, model):
-        super().set_model(model)
-        self.callback.set_model(model)
-
-    def set_params(self, params):
-        super().set_params(params)
-        self.callback.set_params(params)
+        super().__init__(callback)
 
 
 def root_only(callback: keras.callbacks.Callback) -> keras.callbacks.Callback:

@@ -48,6 +48,7 @@ import keras
 from keras_mpfp16 import runtime
 from keras_mpfp16.callbacks.checkpoint import AtomicModelCheckpoint
 from keras_mpfp16.callbacks.root_only import RootOnly
+from keras_mpfp16.callbacks.wrapper import CallbackWrapper
 from keras_mpfp16.internals import keras as keras_internals
 from keras_mpfp16.optimizer import DistributedOptimizer
 from keras_mpfp16.runtime import timeline, world
@@ -111,7 +112,7 @@ _HOOKS = (
 )
 
 
-class BookkeepingOnly(keras.callbacks.Callback):
+class BookkeepingOnly(CallbackWrapper):
     """Runs a `ModelCheckpoint` or `CSVLogger` on a rank other than 0,
     writing nothing.
 
@@ -128,17 +129,8 @@ class BookkeepingOnly(keras.callbacks.Callback):
     """
 
     def __init__(self, callback: keras.callbacks.Callback):
-        super().__init__()
-        self.callback = callback
+        super().__init__(callback)
         self.async_safe = bool(getattr(callback, "async_safe", False))
-
-    def set_model(self, model):
-        super().set_model(model)
-        self.callback.set_model(model)
-
-    def set_params(self, params):
-        super().set_params(params)
-        self.callback.set_params(params)
 
     def _run(self, name: str, args: tuple, kwargs: dict) -> None:
         hook = getattr(self.callback, name)
@@ -220,7 +212,7 @@ def wrap_save(original):
 _RESUME_KEY = "keras_mpfp16"
 
 
-class SafeBackupAndRestore(keras.callbacks.Callback):
+class SafeBackupAndRestore(CallbackWrapper):
     """Runs a `keras.callbacks.BackupAndRestore` safely on many ranks.
 
     Rank 0 restores and writes; other ranks do nothing (they receive rank 0's
@@ -240,8 +232,7 @@ class SafeBackupAndRestore(keras.callbacks.Callback):
     """
 
     def __init__(self, callback: keras.callbacks.BackupAndRestore):
-        super().__init__()
-        self.callback = callback
+        super().__init__(callback)
         self.backup_dir = os.fspath(callback.backup_dir)
         self._new = self.backup_dir.rstrip("/") + ".kmp-new"
         self._old = self.backup_dir.rstrip("/") + ".kmp-old"
@@ -249,14 +240,6 @@ class SafeBackupAndRestore(keras.callbacks.Callback):
         self._epoch = 0
         self._steps = 0
         self.metric_state = None  # callable: the metric state as floats
-
-    def set_model(self, model):
-        super().set_model(model)
-        self.callback.set_model(model)
-
-    def set_params(self, params):
-        super().set_params(params)
-        self.callback.set_params(params)
 
     # -- restore -------------------------------------------------------------
 

@@ -83,8 +83,7 @@ def bind_arguments(signature_of: Callable, args: tuple, kwargs: dict) -> dict:
 @contextlib.contextmanager
 def fit_arguments(signature_of: Callable, args: tuple, kwargs: dict) -> Iterator[dict]:
     """`distributed_fit` with `"self"` kept in the arguments (for the wrapper)."""
-    model = args[0]
-    arguments = bind_arguments(signature_of, args, kwargs)
+    model, arguments = args[0], bind_arguments(signature_of, args, kwargs)
     with _session(model):
         if not uses_distributed_optimizer(model):
             yield arguments
@@ -104,8 +103,7 @@ def evaluate_arguments(
     signature_of: Callable, args: tuple, kwargs: dict
 ) -> Iterator[dict]:
     """`distributed_evaluate` with `"self"` kept in the arguments."""
-    model = args[0]
-    arguments = bind_arguments(signature_of, args, kwargs)
+    model, arguments = args[0], bind_arguments(signature_of, args, kwargs)
     with _session(model):
         if not uses_distributed_optimizer(model):
             yield arguments
