@@ -108,7 +108,7 @@ def evaluate_arguments(
         if not uses_distributed_optimizer(model):
             yield arguments
             return
-        cached = bool(arguments.get("_use_cached_eval_dataset"))
+        cached = bool(arguments.get(keras_internals.CACHED_EVAL_DATASET_KWARG))
         if not cached:
             engines.check_no_other_engine(model, _REFUSED.format("evaluate"))
         with _input_pipelines():
