@@ -219,6 +219,7 @@ def main():
             "nodes": ",".join(map(str, nodes)),
             "rates": ",".join(rates),
             "models": args.models,
+            "hvd_models": args.hvd_models,
             "rounds": args.rounds,
         },
         "jobs": [],
