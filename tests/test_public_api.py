@@ -53,3 +53,11 @@ def test_runtime_exports_no_modules_or_internals():
 def test_top_level_exports_the_explicit_path():
     for name in ("distributed_fit", "distributed_evaluate", "install_keras_patches"):
         assert name in keras_mpfp16.__all__
+
+
+def test_names_documented_in_0_2_still_resolve():
+    # runtime.world.barrier moved to runtime.collectives: a deprecated alias.
+    from keras_mpfp16.runtime import world
+
+    with pytest.warns(DeprecationWarning, match=r"keras_mpfp16\.barrier\(\)"):
+        world.barrier()  # one process: returns at once

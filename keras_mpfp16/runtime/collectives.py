@@ -14,6 +14,7 @@ import numpy as np
 
 from keras_mpfp16 import _validate
 from keras_mpfp16.runtime import cuda, stall
+from keras_mpfp16.runtime import world as world_module
 from keras_mpfp16.runtime.wire import lowp_allreduce_sum, validate_wire_dtype
 from keras_mpfp16.runtime.world import world
 
@@ -24,6 +25,9 @@ def barrier() -> None:
     """Blocks until every rank has called `barrier()`."""
     with stall.collective("barrier"):
         world().comm.Barrier()
+
+
+world_module.provide_barrier(barrier)  # for the deprecated world.barrier
 
 
 def validate_op(op: str) -> str:

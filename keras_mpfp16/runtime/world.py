@@ -7,6 +7,7 @@ mpi4py and can be used (and tested) on its own.
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +41,31 @@ _lock = threading.Lock()
 # Registered by the modules that build on this one (world imports none of
 # them: it is the bottom of the runtime).
 _init_hooks: list[Callable[[Any], None]] = []
+
+
+# `barrier` lives in `collectives` (it is a collective, watched by the stall
+# inspector); collectives provides it here for the deprecated `world.barrier`.
+_barrier: list[Callable[[], None]] = []
+
+
+def provide_barrier(fn: Callable[[], None]) -> None:
+    """Sets what the deprecated `world.barrier` calls (by `collectives`)."""
+    _barrier[:] = [fn]
+
+
+def barrier() -> None:
+    """Deprecated: use `keras_mpfp16.barrier()` (`runtime.collectives.barrier`).
+
+    Blocks until every rank has called `barrier()`. Kept at this path, where
+    release 0.2 documented it; it warns once per call site.
+    """
+    warnings.warn(
+        "keras_mpfp16.runtime.world.barrier is deprecated; use "
+        "keras_mpfp16.barrier() (keras_mpfp16.runtime.collectives.barrier).",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    _barrier[0]()
 
 
 def add_init_hook(hook: Callable[[Any], None]) -> None:
