@@ -28,7 +28,8 @@ from keras_mpfp16.internals.tensorflow import (  # noqa: F401  (bridge API)
     devices_initialized,
     in_xla_context,
 )
-from keras_mpfp16.runtime import collectives, preemption, world
+from keras_mpfp16.runtime.mpi import collectives, world
+from keras_mpfp16.runtime.supervision import preemption
 
 _XLA_ASSERT_WARNING = (
     "keras_mpfp16: this train step is compiled with XLA, which cannot raise "
