@@ -189,8 +189,8 @@ def test_check_devices_names_every_rank_on_the_cpu():
         report,
     )
     (problem,) = report.problems
-    assert "ranks 1, 2 on a, b: the node has GPUs but TensorFlow sees none" in (
-        problem[0]
+    assert (
+        "ranks 1, 2 on a, b: the node has GPUs but TensorFlow sees none" in (problem[0])
     )
     assert "tensorflow-gpu" in problem[1]
 
