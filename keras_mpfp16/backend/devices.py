@@ -66,3 +66,47 @@ def bind_gpus(gpus_per_rank: int = 1) -> list[str]:
     ```
     """
     return gpus.bind(gpus_per_rank, framework_initialized)
+
+
+def _tensorflow_gpus() -> list[str] | None:
+    """The GPUs TensorFlow will compute on, or None when it is not installed.
+
+    Imports TensorFlow (the doctor's question is what the training will see)
+    and asks `tf.config.list_physical_devices("GPU")`, which initialises its
+    devices: call it where that is harmless.
+    """
+    try:
+        import tensorflow as tf
+    except ImportError:
+        return None
+    return [d.name for d in tf.config.list_physical_devices("GPU")]
+
+
+def _tensorflow_built_with_cuda() -> bool | None:
+    try:
+        import tensorflow as tf
+    except ImportError:
+        return None
+    return bool(tf.test.is_built_with_cuda())
+
+
+# The seams: tests (and a machine without a GPU) set these to say what the
+# framework would report.
+gpu_query = _tensorflow_gpus
+cuda_build_query = _tensorflow_built_with_cuda
+
+
+def framework_gpus() -> list[str] | None:
+    """GPU devices the framework (TensorFlow) computes on in this process.
+
+    Returns:
+        Device names such as `["/physical_device:GPU:0"]`, `[]` when
+        TensorFlow sees no GPU (it computes on the CPU), or None when
+        TensorFlow is not installed.
+    """
+    return gpu_query()
+
+
+def framework_built_with_cuda() -> bool | None:
+    """Whether the installed TensorFlow can use CUDA at all (None: no TensorFlow)."""
+    return cuda_build_query()
