@@ -37,7 +37,7 @@ LAYERS = [
     {"optimizer", "data", "layers"},  # Keras-facing objects
     {"callbacks"},
     {"training"},  # the collective fit/evaluate, the Keras patches
-    {"", "config", "doctor", "__main__", "benchmark"},  # entry points
+    {"", "_api", "config", "doctor", "__main__", "benchmark"},  # entry points
 ]
 LEVEL = {name: i for i, names in enumerate(LAYERS) for name in names}
 
