@@ -61,5 +61,7 @@ if _started_as_supervisor():
 
 else:
     # Everything else: the full import, with its guarantees (see _api).
+    from keras_mpfp16 import _api
     from keras_mpfp16._api import *  # noqa: F403
-    from keras_mpfp16._api import __all__ as __all__
+
+    __all__ = list(_api.__all__)
