@@ -27,6 +27,7 @@ from keras_mpfp16.runtime.collectives import (
     barrier,
     broadcast,
     broadcast_arrays,
+    same_on_all_ranks,
     validate_op,
 )
 from keras_mpfp16.runtime.cuda import cuda_aware
