@@ -43,6 +43,7 @@ from keras_mpfp16.runtime.world import (
     rank,
     shutdown,
     size,
+    warn_once_per_job,
 )
 
 # What users call. The other names imported above (the numpy entry points
