@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from keras_mpfp16.internals import keras as keras_internals
-from keras_mpfp16.runtime.world import warn_once_per_job
+from keras_mpfp16.runtime.mpi.world import warn_once_per_job
 
 _XLA_WARNING = (
     "keras_mpfp16: XLA compilation (jit_compile) is turned off for this model: "
