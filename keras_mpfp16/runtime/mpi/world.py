@@ -240,4 +240,3 @@ def warn_once_per_job(
     if launched_rank() != 0:
         return
     warnings.warn(message, category, stacklevel=stacklevel + 1)
-
