@@ -28,7 +28,6 @@ rank's lanes carry its own sequences) and are never touched.
 
 from __future__ import annotations
 
-import warnings
 import zlib
 
 import keras
@@ -38,7 +37,7 @@ from keras import ops
 from keras_mpfp16 import backend as backends
 from keras_mpfp16 import runtime
 from keras_mpfp16.internals import keras as keras_internals
-from keras_mpfp16.sync.checks import check_same_variables
+from keras_mpfp16.sync.checks import UNSEEDED_CHOICE_HINT, check_same_variables
 from keras_mpfp16.sync.input_spec import traced_input_spec
 
 
@@ -102,7 +101,8 @@ _HYPERPARAMETER_MESSAGE = (
     "[learning rate, fingerprint of the other optimizer settings]:\n{}\n"
     "Something changed the optimizer on some ranks only (a callback that saw "
     "rank-local logs, or code run on one rank). Make every rank take the same "
-    "decision, e.g. from the global logs keras_mpfp16 provides."
+    "decision, e.g. from the global logs keras_mpfp16 provides. "
+    + UNSEEDED_CHOICE_HINT.replace("{", "{{").replace("}", "}}")
 )
 
 
@@ -170,7 +170,7 @@ def build_before_fit(model, arguments: dict) -> bool:
             why = f"{type(exc).__name__}: {exc}"
     if is_built(model):
         return True
-    warnings.warn(_DEFERRED_SYNC_WARNING.format(why=why), stacklevel=3)
+    runtime.warn_once_per_job(_DEFERRED_SYNC_WARNING.format(why=why), stacklevel=3)
     return False
 
 
