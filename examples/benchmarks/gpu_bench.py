@@ -255,7 +255,12 @@ def _run_worker(cmd, timeout):
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
-        return [], f"timed out after {timeout:.0f} s: {(exc.stderr or '')[-500:]}"
+        # What the worker printed before the deadline is kept.
+        printed = exc.stdout or ""
+        if isinstance(printed, bytes):
+            printed = printed.decode(errors="replace")
+        records = [json.loads(ln) for ln in printed.splitlines() if ln.startswith("{")]
+        return records, f"timed out after {timeout:.0f} s (the budget)"
     records = [json.loads(ln) for ln in out.stdout.splitlines() if ln.startswith("{")]
     error = None
     if out.returncode != 0:
@@ -321,7 +326,8 @@ def main(argv=None):
         if left < 20:
             skipped += list(names) or [part]
             continue
-        records, error = _run_worker(_worker_command(args, part, names), left)
+        timeout = None if left == float("inf") else left
+        records, error = _run_worker(_worker_command(args, part, names), timeout)
         results += records
         for r in records:
             print(json.dumps(r), flush=True)
