@@ -279,7 +279,7 @@ def same_on_all_ranks(value: Any, name: str = "agreement") -> bool:
     d = digest_of(value)
     send = np.array([d, -d], np.int64)
     out = np.empty_like(send)
-    with stall.collective(name):
+    with observers.collective(name):
         w.comm.Allreduce(send, out, op=MPI.MAX)
     return int(out[0]) == -int(out[1])
 

@@ -279,7 +279,7 @@ class Recorder:
                 )
 
     def collective(self, name: str, t0_ns: int, t1_ns: int) -> None:
-        """One MPI collective (called by `stall.collective`), times from
+        """One MPI collective (from this module's observer, `collective`), times from
         `time.perf_counter_ns()`."""
         t0, t1 = t0_ns + self.offset_ns, t1_ns + self.offset_ns
         nested = getattr(self._local, "in_bucket", False)
