@@ -25,7 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from keras_mpfp16.backend import devices
-from keras_mpfp16.runtime import collectives, cuda, gpus, launcher, threads, world
+from keras_mpfp16.runtime.mpi import collectives, cuda, world
+from keras_mpfp16.runtime.process import gpus, threads
+from keras_mpfp16.runtime.process import launcher_env as launcher
 
 _THREAD_VARS = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "OMP_NUM_THREADS")
 

@@ -13,7 +13,7 @@ import sys
 import keras
 import pytest
 
-from keras_mpfp16.runtime import atomic_files, preemption
+from keras_mpfp16.runtime.supervision import atomic_files, preemption
 from keras_mpfp16.training import preemption as training_preemption
 
 

@@ -201,7 +201,7 @@ def _doctor_with_seamed_devices(node_gpus: int, framework_gpus, cuda_build: bool
     script = f"""
 import sys
 from keras_mpfp16.backend import devices
-from keras_mpfp16.runtime import gpus
+from keras_mpfp16.runtime.process import gpus
 gpus.node_gpus = lambda: {node_gpus}
 devices.gpu_query = lambda: {framework_gpus!r}
 devices.cuda_build_query = lambda: {cuda_build!r}

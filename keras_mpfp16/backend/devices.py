@@ -2,7 +2,7 @@
 
 CUDA reads `CUDA_VISIBLE_DEVICES` once, when it initialises in the process;
 TensorFlow initialises it lazily, at the first operation or device query.
-The device choice is `keras_mpfp16.runtime.gpus`; this module adds what only
+The device choice is `keras_mpfp16.runtime.process.gpus`; this module adds what only
 the backend layer can tell: whether it is already too late.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from keras_mpfp16.runtime import gpus
+from keras_mpfp16.runtime.process import gpus
 
 
 def framework_initialized() -> str | None:

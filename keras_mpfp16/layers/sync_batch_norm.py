@@ -7,7 +7,7 @@ from keras import ops
 
 from keras_mpfp16 import backend as backends
 from keras_mpfp16 import runtime
-from keras_mpfp16.runtime import launcher
+from keras_mpfp16.runtime.process import launcher_env as launcher
 
 
 def _distributed() -> bool:

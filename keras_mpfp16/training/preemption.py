@@ -54,10 +54,11 @@ import time
 import keras
 import numpy as np
 
+from keras_mpfp16 import _settings as env
 from keras_mpfp16 import runtime
 from keras_mpfp16.data.shard import fingerprints as shard_fingerprints
 from keras_mpfp16.internals import keras as keras_internals
-from keras_mpfp16.runtime import atomic_files, env, preemption
+from keras_mpfp16.runtime.supervision import atomic_files, preemption
 from keras_mpfp16.sync.metric_reduction import metric_variables
 from keras_mpfp16.training.files import SafeBackupAndRestore
 
@@ -318,7 +319,7 @@ def _file_folders(callback) -> list[str]:
 
 def remove_stale_temporaries(callbacks: list, writer=None) -> list[str]:
     """Rank 0, at the start of a `fit`: deletes the temporary files that
-    killed processes left (`runtime.atomic_files.remove_stale_temporaries`)
+    killed processes left (`runtime.supervision.atomic_files.remove_stale_temporaries`)
     in the working directory and in every folder this `fit` writes files
     into (checkpoints, CSV logs, backups).
 
