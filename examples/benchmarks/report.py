@@ -629,6 +629,41 @@ def state_sync(folder):
     )
 
 
+@table("sync_batch_norm")
+def sync_batch_norm(folder):
+    d = load(folder, "sync_batch_norm.json")
+    rows = []
+    for name, m in d["models"].items():
+        t = m["seconds_per_step"]
+        rows.append(
+            [
+                name,
+                ", ".join(str(f) for f in m["batch_norm_features"]),
+                fmt_list([1e3 * x for x in t["plain"]], "{:.1f}"),
+                fmt_list([1e3 * x for x in t["sync"]], "{:.1f}"),
+                f"**{m['ratio_sync_over_plain']:.3f}**",
+                signed(m["extra_ms_per_step"], "{:+.2f}"),
+            ]
+        )
+    first = next(iter(d["models"].values()))
+    return (
+        f"*{d['date']}, np={d['size']}, batch {d['batch_per_rank']} per rank, "
+        f"{len(first['seconds_per_step']['plain'])} interleaved rounds of "
+        f"{d['steps_per_measurement']} steps; `{d['command']}`*\n\n"
+        + md(
+            [
+                "model",
+                "BatchNorm features",
+                "plain ms/step per round",
+                "sync ms/step per round",
+                "sync / plain (median)",
+                "extra ms/step (median)",
+            ],
+            rows,
+        )
+    )
+
+
 @table("before_after")
 def before_after(folder):
     d = load(folder, "before_after.json")
@@ -1032,6 +1067,51 @@ def layers_tf32(folder):
                     for r in precisions
                 ),
                 "ours default / Keras " + policy,
+            ],
+            rows,
+        )
+    )
+
+
+@table("layers_xla")
+def layers_xla(folder):
+    """XLA vs no XLA, ours vs Keras's layer, CPU train steps."""
+    d = load(folder, "layers_xla.json")
+    a = d["args"]
+    labels = [
+        "ours+xla / ours",
+        "ours+xla / keras+xla",
+        "ours+xla / keras",
+        "keras+xla / keras",
+    ]
+    rows = []
+    for r in d["results"]:
+        kept = r["xla_kept"]
+        diff = r["max_abs_diff_xla_vs_not"]
+        rows.append(
+            [
+                r["layer"].upper(),
+                r["policy"],
+                "yes" if kept["ours+xla"] and kept["keras+xla"] else "NO",
+                f"{diff['ours']:.1e}",
+                f"{diff['keras']:.1e}",
+                *(f"{r['ratios'][k]['median']:.2f}" for k in labels),
+            ]
+        )
+    load_avg = d["load_average_at_end"][0]
+    return (
+        f"*{d['date']}, {a['rounds']} rounds of {a['steps']} steps, "
+        f"{d['seconds']:.0f} s, load average {load_avg:.0f} on "
+        f"{d['machine'].split(', ')[1]} at the end; batch {a['batch']}, "
+        f"{a['length']} steps, {a['features']} features, {a['units']} units*\n\n"
+        + md(
+            [
+                "layer",
+                "policy",
+                "XLA kept",
+                "max abs diff XLA vs not, ours",
+                "same, Keras",
+                *(f"median {k}" for k in labels),
             ],
             rows,
         )

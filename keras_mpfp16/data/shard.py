@@ -137,6 +137,18 @@ def _ranks(ranks: list[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
+# The fingerprints `check_same_data` computed in this process, in call order:
+# part of the job's identity recorded with a preemption backup.
+_fingerprints: list = []
+
+
+def fingerprints() -> tuple:
+    """The fingerprints of the data this process passed to `shard` (with its
+    check, under more than one process), in call order: the same whatever
+    the number of ranks, as they are taken before the data is dealt."""
+    return tuple(_fingerprints)
+
+
 def check_same_data(data: tuple, dataset: bool) -> None:
     """Every rank passed the same data to `shard`.
 
@@ -148,6 +160,7 @@ def check_same_data(data: tuple, dataset: bool) -> None:
         ValueError: on every rank, naming the ranks that hold each version.
     """
     mine = fingerprint(data[0]) if dataset else fingerprint_arrays(*data)
+    _fingerprints.append(mine)
     if runtime.same_on_all_ranks(mine, name="shard data fingerprint"):
         return
     prints = runtime.allgather_object(mine, name="shard data fingerprints")
