@@ -1807,7 +1807,7 @@ def recorded_settings(d: dict) -> dict:
         rec["rounds"] = len(d["records"][0]["seconds_all"])
     if "runs" in d and isinstance(d["runs"], dict):  # allreduce_scaling
         first = next(iter(d["runs"].values()))
-        if first and "bytes" in first[0]:
+        if isinstance(first, list) and first and "bytes" in first[0]:
             rec["sizes"] = ",".join(str(r["bytes"]) for r in first)
     if d and all(isinstance(v, list) for v in d.values()):  # fault_exit_times
         rec["repeat"] = len(next(iter(d.values())))

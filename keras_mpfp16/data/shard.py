@@ -203,7 +203,7 @@ def shard(
     Call it with the same data on every rank. Each rank gets different rows,
     and together the ranks cover the data once per epoch (see `arithmetic`
     for exactly which rows). Under mpirun it checks that the data is the
-    same on every rank (one allgather of a digest, see `check`) and raises
+    same on every rank (one allreduce of a digest, see `check`) and raises
     on every rank if not.
 
     - numpy arrays (or nested dicts/lists/tuples of them, e.g. a multi-input
@@ -238,7 +238,7 @@ def shard(
         num_ranks: N; defaults to `keras_mpfp16.size()`.
         check: Whether to check that every rank passed the same data (when
             `rank` and `num_ranks` are not given and there is more than one
-            process): one allgather of a fingerprint of the data
+            process): one allreduce of a digest of a fingerprint of the data
             (`keras_mpfp16.data.fingerprint`: shapes, dtypes and a CRC-32 of
             the bytes - of evenly spaced rows beyond 64 MiB per array; for a
             `tf.data.Dataset` its length, structure and first element; for a
