@@ -241,6 +241,7 @@ class SafeBackupAndRestore(CallbackWrapper):
         self._epoch = 0
         self._steps = 0
         self.metric_state = None  # callable: the metric state as floats
+        self.job = None  # the writer record stored with each backup (a dict)
 
     # -- restore -------------------------------------------------------------
 
@@ -324,6 +325,8 @@ class SafeBackupAndRestore(CallbackWrapper):
             "steps_done": self._steps,
             "metrics": [float(v) for v in metrics] if self._steps else [],
         }
+        if self.job is not None:
+            metadata[_RESUME_KEY]["writer"] = self.job
         with open(metadata_path, "w") as f:
             json.dump(metadata, f)
 

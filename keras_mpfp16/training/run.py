@@ -24,6 +24,7 @@ from collections.abc import Iterator
 
 import keras
 
+from keras_mpfp16 import runtime
 from keras_mpfp16.callbacks.global_metrics import GlobalMetrics
 from keras_mpfp16.callbacks.timeline import Timeline
 from keras_mpfp16.data.split import split_for_evaluation
@@ -126,6 +127,8 @@ class DistributedRun:
         ours = [*timelines, _RunFirst(self), *user, _RunLast(self)]
         if self.training:
             writer, own = training_preemption.writer_for(user)
+            if runtime.is_root():
+                training_preemption.remove_stale_temporaries(user, writer)
             if writer is not None:
                 # The library's own backup restores before _RunLast syncs.
                 ours[-1:-1] = [writer] if own else []
