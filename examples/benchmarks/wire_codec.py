@@ -328,7 +328,7 @@ def main():
     p.add_argument("--models", nargs="*", default=["dense", "lstm", "imdb"])
     p.add_argument(
         "--imdb-dir",
-        default=str(HERE.parents[2] / "shared" / "data" / "imdb"),
+        default="",
         help="folder with load.py (the real IMDB reviews; synthetic tokens if absent)",
     )
     p.add_argument("--skip-speed", action="store_true")
