@@ -15,7 +15,7 @@ import pytest
 from mpi_launch import run_mpi
 
 from keras_mpfp16 import config
-from keras_mpfp16.runtime import wire_tuner
+from keras_mpfp16.runtime.mpi import wire_tuner
 
 
 def timings(f32, f16, sizes=(10,)):

@@ -241,7 +241,7 @@ def _ours(grads, wire_dtype):
     """The 16-bit wire's reduction of per-rank vectors (numpy codec)."""
     import numpy as np
 
-    from keras_mpfp16.runtime import wire
+    from keras_mpfp16.runtime.mpi import wire
 
     n, length = len(grads), grads[0].shape[0]
     chunk = wire.chunk_length(length, n)

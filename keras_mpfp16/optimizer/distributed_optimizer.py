@@ -17,7 +17,7 @@ from keras_mpfp16.optimizer.loss_scale import (
     LossScaleState,
     transition,
 )
-from keras_mpfp16.runtime import wire_tuner
+from keras_mpfp16.runtime.mpi import wire_tuner
 from keras_mpfp16.sync.checks import check_signatures, variable_signature
 
 
@@ -80,10 +80,10 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         wire_dtype: `"float32"` (default), `"float16"`, `"bfloat16"` or
             `"auto"`: the format gradients cross the network in. 16-bit
             formats halve the bytes; the sum is always accumulated in float32
-            (see `keras_mpfp16.runtime.wire`). `"auto"` times the float32
+            (see `keras_mpfp16.runtime.mpi.wire`). `"auto"` times the float32
             and the float16 wire on this job's links after the first step of
             `fit` and uses the faster, the same on every rank (rank 0
-            decides; `keras_mpfp16.runtime.wire_tuner`,
+            decides; `keras_mpfp16.runtime.mpi.wire_tuner`,
             `KERAS_MPFP16_WIRE_AUTO` pins it).
         bucket_size_mb: Size of the fused reduction buckets in megabytes
             (float32 bytes). Gradients that fit in one bucket need one MPI call

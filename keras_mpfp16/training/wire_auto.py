@@ -1,4 +1,4 @@
-"""The callback behind `wire_dtype="auto"` (`runtime/wire_tuner.py`).
+"""The callback behind `wire_dtype="auto"` (`runtime/mpi/wire_tuner.py`).
 
 After the first train step of `fit` (which reduced in float32 and recorded
 its bucket plan) it runs the optimizer's measurement and decision, says what
@@ -18,7 +18,8 @@ import time
 
 import keras
 
-from keras_mpfp16.runtime import timeline, wire_tuner, world
+from keras_mpfp16.runtime.mpi import wire_tuner, world
+from keras_mpfp16.runtime.trace import timeline
 
 
 def wanted(model) -> bool:

@@ -28,7 +28,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 import keras_mpfp16 as kmp  # noqa: E402
-from keras_mpfp16.runtime import wire_tuner  # noqa: E402
+from keras_mpfp16.runtime.mpi import wire_tuner  # noqa: E402
 
 out_dir, mode = sys.argv[1], sys.argv[2]
 rank, size = kmp.rank(), kmp.size()

@@ -40,28 +40,17 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from keras_mpfp16.runtime import collectives, env, world
+from keras_mpfp16 import _settings as env
+from keras_mpfp16.runtime.mpi import collectives, world
 
 AUTO = "auto"
+PIN_SETTING = "KERAS_MPFP16_WIRE_AUTO"  # registered in _settings.py
 CANDIDATES = ("float32", "float16")
 PAIRS = 3  # interleaved (float32, float16) timings per bucket size
 MARGIN = 0.02  # float16 must beat float32 by more than this (relative)
 DRIFT = 0.25  # relative change of the median step time that re-measures
 CHECK_EVERY = 50  # steps between drift checks (one tiny broadcast each)
 
-env.register(
-    "WIRE_AUTO",
-    "choice",
-    "measure",
-    choices=("measure", "float32", "float16", "bfloat16"),
-    read="when `fit` starts",
-    doc='What `wire_dtype="auto"` does: `measure` times the float32 and the '
-    "float16 wire on this job's links during the first steps of `fit` and "
-    "uses the faster (rank 0 decides, every rank applies its decision); "
-    "`float32`, `float16` or `bfloat16` pins that wire without measuring. "
-    "Rank 0's value is used on every rank. No effect on an explicit "
-    "`wire_dtype`.",
-)
 
 # Test seam: when set, `agree` uses `timings_hook(sizes)` as this rank's
 # measurement instead of the backend's probe (tests inject per-rank times).

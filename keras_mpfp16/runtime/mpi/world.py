@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from keras_mpfp16.runtime import launcher
+from keras_mpfp16.runtime.process import launcher_env as launcher
 
 _INSTALL_HINT = (
     "keras_mpfp16 needs mpi4py and an MPI library. On a machine without a system "
@@ -60,8 +60,8 @@ def barrier() -> None:
     release 0.2 documented it; it warns once per call site.
     """
     warnings.warn(
-        "keras_mpfp16.runtime.world.barrier is deprecated; use "
-        "keras_mpfp16.barrier() (keras_mpfp16.runtime.collectives.barrier).",
+        "keras_mpfp16.runtime.mpi.world.barrier is deprecated; use "
+        "keras_mpfp16.barrier() (keras_mpfp16.runtime.mpi.collectives.barrier).",
         DeprecationWarning,
         stacklevel=2,
     )
@@ -220,11 +220,23 @@ def launched_size() -> int:
     return launch.size if launch is not None else 1
 
 
-def launcher_local_size() -> int | None:
-    """Processes per node as announced by the launcher's environment, if any.
+def launched_rank() -> int:
+    """This process's rank without any collective call (see `launched_size`)."""
+    if _world is not None:
+        return _world.comm.Get_rank()
+    r = launcher.launcher_rank()
+    return r if r is not None else 0
 
-    Read before MPI is initialised, so per-rank defaults (threads) can be set
-    before a backend starts its thread pools.
+
+def warn_once_per_job(
+    message: str, category: type[Warning] = UserWarning, stacklevel: int = 2
+) -> None:
+    """`warnings.warn` on rank 0 only, for a condition every rank shares (the
+    same script made the same choice): one copy per job instead of N.
+
+    Makes no MPI call. Issue 31: at N = 24 a warning every rank gives is 24
+    copies of one line.
     """
-    launch = launcher.detect()
-    return launch.local_size if launch is not None else None
+    if launched_rank() != 0:
+        return
+    warnings.warn(message, category, stacklevel=stacklevel + 1)

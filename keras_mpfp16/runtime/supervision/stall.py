@@ -49,18 +49,24 @@ import threading
 import time
 from contextlib import contextmanager
 
+from keras_mpfp16 import _settings as env
 from keras_mpfp16 import _validate
-from keras_mpfp16.runtime import env
-from keras_mpfp16.runtime import timeline as _timeline_mod
-from keras_mpfp16.runtime.stall_diagnosis import (
+from keras_mpfp16.runtime.supervision.stall_diagnosis import (
     cause_different,
     cause_finished,
     describe,
     train_step_of,
 )
-from keras_mpfp16.runtime.stall_messages import Beat, Finished, Left, Report, Wait
+from keras_mpfp16.runtime.supervision.stall_messages import (
+    Beat,
+    Finished,
+    Left,
+    Report,
+    Wait,
+)
+from keras_mpfp16.runtime.trace import timeline as _timeline_mod
 
-# Registered (with their defaults) in runtime.env.
+# Registered (with their defaults) in _settings.py.
 TIMEOUT_ENV = env.setting("STALL_TIMEOUT").name
 ABORT_ENV = env.setting("STALL_ABORT").name
 HEARTBEAT_ENV = env.setting("HEARTBEAT_TIMEOUT").name
@@ -140,6 +146,10 @@ class Inspector:
             min(1.0, max(_POLL, heartbeat / 10.0)) if heartbeat else float("inf")
         )
         self._failed = False
+        # Point-to-point messages this rank's watcher sent and received, by
+        # kind ("Beat", "Wait", ...): what the inspector costs (docs/scaling.md).
+        self.sent: dict[str, int] = {}
+        self.received: dict[str, int] = {}
         self._thread = threading.Thread(
             target=self._run, name="keras_mpfp16-stall", daemon=True
         )
@@ -222,6 +232,8 @@ class Inspector:
         with self._send_lock:
             self._prune()
             self._pending.append(self.comm.isend((self.rank, msg), dest=dest, tag=_TAG))
+            kind = type(msg).__name__
+            self.sent[kind] = self.sent.get(kind, 0) + 1
 
     def _send(self, msg) -> None:
         """A report to rank 0 (applied directly on rank 0)."""
@@ -296,6 +308,8 @@ class Inspector:
         while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=_TAG, status=status):
             rank, msg = self.comm.recv(source=status.Get_source(), tag=_TAG)
             self._heard[rank] = time.monotonic()
+            kind = type(msg).__name__
+            self.received[kind] = self.received.get(kind, 0) + 1
             if self.rank == 0 and not isinstance(msg, Beat):
                 self._update(rank, msg)
 
@@ -436,8 +450,8 @@ class Inspector:
             )
 
     def _fail(self, message: str, local_only: bool = False, lost: bool = False) -> None:
-        from keras_mpfp16.runtime.failure import abort_job
-        from keras_mpfp16.runtime.launch import report_lost
+        from keras_mpfp16.runtime.supervision.failure import abort_job
+        from keras_mpfp16.runtime.supervision.launch_wrapper import report_lost
 
         if self._failed:
             return
@@ -521,7 +535,7 @@ def start(comm) -> Inspector | None:
 
 
 def _finish_at_exit(inspector: Inspector) -> None:
-    from keras_mpfp16.runtime.failure import exit_description
+    from keras_mpfp16.runtime.supervision.failure import exit_description
 
     inspector.finish(exit_description())
 
