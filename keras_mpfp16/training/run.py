@@ -256,10 +256,12 @@ def fit_run(arguments: dict) -> Iterator[dict]:
     """
     model = arguments["self"]
     run = DistributedRun(model, training=True)
-    # Before Keras's fit: rank 0's variables must exist when it broadcasts
-    # them (on_train_begin), not only once the first step is traced.
-    replica.build_before_fit(model, arguments)
     run.split_validation(arguments)
+    # Before Keras's fit: rank 0's variables must exist when it broadcasts
+    # them (on_train_begin), not only once the first step is traced. After
+    # the validation split: the model is built from the training part, as
+    # Keras's fit builds it.
+    replica.build_before_fit(model, arguments)
     arguments["callbacks"] = run.callbacks(arguments.get("callbacks"))
     run.reduction.set_active(True)
     try:
