@@ -18,8 +18,8 @@ import time
 
 import keras
 
+from keras_mpfp16.runtime import trace
 from keras_mpfp16.runtime.mpi import wire_tuner, world
-from keras_mpfp16.runtime.trace import timeline
 
 
 def wanted(model) -> bool:
@@ -53,7 +53,7 @@ class WireAuto(keras.callbacks.Callback):
     def _decide(self, when: str) -> None:
         opt = self.model.optimizer
         before = opt.effective_wire_dtype
-        recorder = timeline.active()
+        recorder = trace.active()
         if recorder is None:
             decision = opt.tune_wire()
         else:
