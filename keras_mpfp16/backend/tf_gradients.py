@@ -26,6 +26,7 @@ reduction of one bucket, and `allreduce_gradients`.
 from __future__ import annotations
 
 import re
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -54,8 +55,8 @@ from keras_mpfp16.backend.tf_steps import (
     float_slot_piece,
 )
 from keras_mpfp16.backend.tf_wire import decode_rows, encode_rows, owner_sum
+from keras_mpfp16.runtime import trace
 from keras_mpfp16.runtime.mpi import collectives, cuda, wire, world
-from keras_mpfp16.runtime.trace import timeline
 
 _H = wire.HEADER_WORDS
 
@@ -80,7 +81,7 @@ def _nbytes(buf) -> int:
 
 def _timed(body, label: str, length: int, wire_dtype: str, path: str):
     """`body` as the host function, recorded as the bucket's reduction span
-    while a timeline records (`runtime.timeline`). Off, the only cost is the
+    while a timeline records (`runtime.trace`). Off, the only cost is the
     `recorder is None` branch: the step's graph is the same either way."""
     bucket = _bucket_index(label)
     if bucket is None:
@@ -88,7 +89,7 @@ def _timed(body, label: str, length: int, wire_dtype: str, path: str):
     payload = 4 * length
 
     def run(buf, step):
-        recorder = timeline.active()
+        recorder = trace.active()
         if recorder is None:
             return body(buf, step)
         with recorder.reduction(
@@ -502,3 +503,60 @@ def allreduce_gradients(
         tf.reduce_all(tf.stack(finite_flags)) if finite_flags else tf.constant(True)
     )
     return reduced, finite
+
+
+# -- wire_dtype="auto": what goes on the dense wire, and its timing ------------------------
+
+
+def dense_bucket_sizes(grads, shapes, bucket_bytes: int, sparse: str | None = None):
+    """Elements per dense bucket `allreduce_gradients` would send for `grads`
+    (trace-time Python: the plan, not the data). Gradients gathered as rows
+    are not on the dense wire; with `sparse="auto"` they may still be
+    densified at run time, which this does not count."""
+    shapes = [tf.TensorShape(s) for s in shapes]
+    present = [
+        i
+        for i, (g, s) in enumerate(zip(grads, shapes))
+        if g is not None and not reduced_as_slices(g, s, sparse_mode(sparse))
+    ]
+    sizes = [shapes[i].num_elements() for i in present]
+    plan = plan_buckets([4 * s for s in sizes], bucket_bytes) if present else []
+    return [sum(sizes[j] for j in bucket) for bucket in plan]
+
+
+def probe_wire(sizes, wires, pairs: int) -> dict:
+    """This rank's time to reduce one bucket of each size on each wire, as the
+    train step does it (fused, encoded, reduced, decoded, split), `pairs`
+    interleaved rounds after a warm-up call (the trace). Collective: every
+    rank calls it with the same arguments.
+
+    Returns:
+        `{elements: {wire: [seconds per round]}}`.
+    """
+    out = {}
+    for elements in sizes:
+        flat = tf.random.stateless_normal([elements], seed=[world.rank(), 7]) * 1e-3
+        calls = {}
+        for w in wires:
+
+            @tf.function(autograph=False)
+            def call(t, w=w, elements=elements):
+                reduced, _ = allreduce_gradients(
+                    [t],
+                    shapes=[(elements,)],
+                    op="sum",
+                    wire_dtype=w,
+                    bucket_bytes=4 * elements + 1,
+                )
+                return reduced[0]
+
+            call(flat).numpy()  # trace and warm
+            calls[w] = call
+        times = {w: [] for w in wires}
+        for r in range(pairs):
+            for w in wires if r % 2 == 0 else wires[::-1]:
+                t0 = time.perf_counter()
+                calls[w](flat).numpy()
+                times[w].append(time.perf_counter() - t0)
+        out[int(elements)] = times
+    return out

@@ -51,6 +51,7 @@ from keras_mpfp16.callbacks.root_only import RootOnly
 from keras_mpfp16.callbacks.wrapper import CallbackWrapper
 from keras_mpfp16.internals import keras as keras_internals
 from keras_mpfp16.optimizer import DistributedOptimizer
+from keras_mpfp16.runtime import trace
 from keras_mpfp16.runtime.mpi import world
 from keras_mpfp16.runtime.supervision.atomic_files import (
     atomic_write,
@@ -58,7 +59,6 @@ from keras_mpfp16.runtime.supervision.atomic_files import (
     fsync_file,
     in_atomic_write,
 )
-from keras_mpfp16.runtime.trace import timeline
 
 # Callbacks whose only effect is writing files (or sending logs out): one
 # writer per job. The first two keep state users read after fit: on ranks
@@ -277,7 +277,7 @@ class SafeBackupAndRestore(CallbackWrapper):
     # -- backup ----------------------------------------------------------------
 
     def _write(self, hook, *args) -> None:
-        recorder = timeline.active()
+        recorder = trace.active()
         if recorder is None:
             self._write_backup(hook, *args)
             return

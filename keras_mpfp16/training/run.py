@@ -29,14 +29,13 @@ from keras_mpfp16.callbacks.global_metrics import GlobalMetrics
 from keras_mpfp16.callbacks.timeline import Timeline
 from keras_mpfp16.data.split import split_for_evaluation
 from keras_mpfp16.internals import keras as keras_internals
-from keras_mpfp16.runtime import progress
+from keras_mpfp16.runtime import progress, trace
 from keras_mpfp16.runtime.supervision import preemption
-from keras_mpfp16.runtime.trace import timeline
 from keras_mpfp16.sync import replica
 from keras_mpfp16.sync.checks import check_equal_steps
 from keras_mpfp16.sync.metric_reduction import MetricReduction
 from keras_mpfp16.sync.xla import guard_jit
-from keras_mpfp16.training import files
+from keras_mpfp16.training import files, wire_auto
 from keras_mpfp16.training import preemption as training_preemption
 
 _reductions: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -136,6 +135,8 @@ class DistributedRun:
                 stop = training_preemption.Preemption(writer)
                 ours.insert(len(timelines) + 1, stop.front)  # after _RunFirst
                 ours.append(stop)
+        if self.training and wire_auto.wanted(self.model):
+            ours.append(wire_auto.WireAuto())  # wire_dtype="auto"
         if isinstance(callbacks, keras.callbacks.CallbackList):
             callbacks.callbacks[:] = ours
             callbacks.set_model(self.model)
@@ -227,7 +228,7 @@ class _RunLast(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         model = self.run.model
         replica.agree_on_initial_epoch(model)
-        recorder = timeline.active()
+        recorder = trace.active()
         if recorder is None:
             replica.sync_from_root(model)
         else:
