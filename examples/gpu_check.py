@@ -33,7 +33,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 
 import keras_mpfp16 as kmp  # noqa: E402
-from keras_mpfp16.runtime import cuda  # noqa: E402
+from keras_mpfp16.runtime.mpi import cuda  # noqa: E402
 
 
 def cupy_array(values):

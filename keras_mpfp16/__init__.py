@@ -18,21 +18,21 @@ __version__ = "0.2.0"
 
 # Thread defaults must be in the environment before the backend starts its
 # thread pools, i.e. before the first tensor operation: do it first.
-from keras_mpfp16.runtime import threads as _threads
+from keras_mpfp16.runtime.process import threads as _threads
 
 _threads.apply_thread_defaults()
 
 # Likewise CUDA_VISIBLE_DEVICES, when asked to (KERAS_MPFP16_BIND_GPUS=1):
 # before Keras, hence TensorFlow, is imported here.
 from keras_mpfp16.backend.devices import bind_gpus  # noqa: E402
-from keras_mpfp16.runtime import gpus as _gpus  # noqa: E402
+from keras_mpfp16.runtime.process import gpus as _gpus  # noqa: E402
 
 if _gpus.bind_requested():
     bind_gpus()
 
 # Before anything else can print (e.g. `model.summary()` before the optimizer
 # exists): silence the ranks the MPI launcher says are not rank 0 (no MPI call).
-from keras_mpfp16.callbacks import rank_output as _rank_output  # noqa: E402
+from keras_mpfp16 import rank_output as _rank_output  # noqa: E402
 
 _rank_output.quiet_non_root_ranks_early()
 
@@ -61,7 +61,7 @@ from keras_mpfp16.runtime import (  # noqa: E402
     rank,
     size,
 )
-from keras_mpfp16.runtime.preemption import PREEMPTED_EXIT_CODE, Preempted  # noqa: E402
+from keras_mpfp16.runtime.supervision.preemption import PREEMPTED_EXIT_CODE, Preempted  # noqa: E402
 from keras_mpfp16.training import (  # noqa: E402
     distributed_evaluate,
     distributed_fit,

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from keras_mpfp16.runtime import env
+from keras_mpfp16 import _settings as env
 
 
 def get(name: str) -> Any:

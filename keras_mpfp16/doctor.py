@@ -5,7 +5,9 @@ keras_mpfp16 doctor`, `mpirun -np N python -m keras_mpfp16 doctor`) or alone.
 It reports the versions (library, Keras, TensorFlow, mpi4py, the MPI library),
 the MPI thread level, MPI's world size against the launcher's, per rank the
 host, local rank, CPU binding, visible GPUs and thread settings, CUDA-aware
-MPI support, a timed small and large allreduce, and a verdict. Only rank 0
+MPI support, the GPUs TensorFlow computes on (it fails when the node has
+GPUs that a rank's TensorFlow does not use, or a rank is bound to GPUs its
+TensorFlow cannot see), a timed small and large allreduce, and a verdict. Only rank 0
 prints. The exit status is 1 when something would fail or be slow, with a
 fix for each problem, 0 otherwise.
 """
@@ -22,7 +24,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from keras_mpfp16.runtime import collectives, cuda, gpus, launcher, threads, world
+from keras_mpfp16.backend import devices
+from keras_mpfp16.runtime.mpi import collectives, cuda, world
+from keras_mpfp16.runtime.process import gpus, threads
+from keras_mpfp16.runtime.process import launcher_env as launcher
 
 _THREAD_VARS = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "OMP_NUM_THREADS")
 
@@ -86,7 +91,67 @@ def _rank_row() -> dict[str, Any]:
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "threads": {k: os.environ.get(k) for k in _THREAD_VARS},
         "threads_by_kmp": sorted(threads.applied),
+        # What the framework computes on: asked of TensorFlow itself (through
+        # the backend layer's seam), not read from the driver.
+        "framework_gpus": devices.framework_gpus(),
+        "framework_cuda_build": devices.framework_built_with_cuda(),
     }
+
+
+def check_devices(rows: list[dict[str, Any]], report: Report) -> None:
+    """Flags ranks that would compute on the CPU of a GPU node.
+
+    Two failures, per rank: the node has GPUs (the driver lists them), the
+    rank does not hide them (`CUDA_VISIBLE_DEVICES` unset or naming
+    devices), yet TensorFlow sees no GPU - it would train on the CPU without
+    a word; and the rank is bound to N devices but TensorFlow sees fewer.
+    Rows without TensorFlow (`framework_gpus` None) are not judged.
+    """
+    unused: list[dict[str, Any]] = []
+    invisible: list[tuple[dict[str, Any], int, int]] = []
+    for r in rows:
+        seen = r.get("framework_gpus")
+        if seen is None or not r.get("gpus"):
+            continue
+        visible = gpus.parse_visible(r.get("cuda_visible_devices"))
+        if visible == []:
+            continue  # CUDA_VISIBLE_DEVICES="": the user chose the CPU
+        if not seen:
+            unused.append(r)
+        elif visible is not None and len(seen) < len(visible):
+            invisible.append((r, len(visible), len(seen)))
+    if unused:
+        ranks = ", ".join(str(r["rank"]) for r in unused)
+        hosts = ", ".join(sorted({r["host"] for r in unused}))
+        no_cuda = [r for r in unused if r.get("framework_cuda_build") is False]
+        if no_cuda:
+            fix = (
+                "this TensorFlow is built without CUDA (tensorflow-cpu, or "
+                "TensorFlow on macOS): `pip uninstall tensorflow-cpu && pip "
+                'install "keras-mpfp16[tensorflow-gpu]"` (TensorFlow\'s '
+                "`tensorflow[and-cuda]`, which brings CUDA and cuDNN)"
+            )
+        else:
+            fix = (
+                "TensorFlow is built with CUDA but found no usable GPU: the "
+                'CUDA/cuDNN libraries are missing or too old (`pip install "keras-'
+                'mpfp16[tensorflow-gpu]"` installs them as wheels), or the '
+                "driver is too old; TF_CPP_MIN_LOG_LEVEL=0 shows TensorFlow's reason"
+            )
+        report.problem(
+            f"ranks {ranks} on {hosts}: the node has GPUs but TensorFlow sees "
+            "none, so these ranks would train on the CPU",
+            fix,
+        )
+    for r, bound, seen in invisible:
+        report.problem(
+            f"rank {r['rank']} on {r['host']}: bound to {bound} GPU(s) "
+            f"(CUDA_VISIBLE_DEVICES={r['cuda_visible_devices']}) but TensorFlow "
+            f"sees {seen}",
+            "check that every entry of CUDA_VISIBLE_DEVICES names a GPU of "
+            "this node (`nvidia-smi -L`), and that bind_gpus()/srun bound the "
+            "rank before TensorFlow started",
+        )
 
 
 def check_sharing(rows: list[dict[str, Any]], report: Report) -> None:
@@ -247,7 +312,16 @@ def diagnose(large_bytes: int = 64 << 20) -> Report:
     if comm.Get_rank() == 0:
         report.ranks = rows
         check_sharing(rows, report)
+        check_devices(rows, report)
     return report
+
+
+def _computes_on(seen: list[str] | None) -> str:
+    if seen is None:
+        return "(no TensorFlow)"
+    if not seen:
+        return "CPU"
+    return f"{len(seen)} GPU(s)"
 
 
 def format_report(report: Report) -> str:
@@ -256,7 +330,15 @@ def format_report(report: Report) -> str:
     lines += [f"  {k:<{width}}  {v}" for k, v in report.info.items()]
     if report.ranks:
         table = [
-            ("rank", "host", "local", "cpus", "intra,inter", "CUDA_VISIBLE_DEVICES")
+            (
+                "rank",
+                "host",
+                "local",
+                "cpus",
+                "intra,inter",
+                "CUDA_VISIBLE_DEVICES",
+                "TF computes on",
+            )
         ]
         for r in report.ranks:
             t = r["threads"]
@@ -270,6 +352,7 @@ def format_report(report: Report) -> str:
                     f"{t['TF_NUM_INTRAOP_THREADS'] or '-'},"
                     f"{t['TF_NUM_INTEROP_THREADS'] or '-'}",
                     "(unset)" if visible is None else visible,
+                    _computes_on(r.get("framework_gpus")),
                 )
             )
         widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]

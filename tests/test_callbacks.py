@@ -9,13 +9,13 @@ import pytest
 from keras import ops
 
 import keras_mpfp16 as kmp
+from keras_mpfp16 import rank_output
 from keras_mpfp16.callbacks import (
     AtomicModelCheckpoint,
     GlobalMetrics,
     LearningRateScaler,
     RootOnly,
     ScaledLearningRate,
-    rank_output,
     root_only,
     scaled_learning_rate,
     temporary_path,

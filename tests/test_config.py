@@ -15,9 +15,11 @@ import keras
 import pytest
 
 import keras_mpfp16 as kmp
+from keras_mpfp16 import _settings as env
+from keras_mpfp16 import rank_output
 from keras_mpfp16.backend import tf_sparse
-from keras_mpfp16.callbacks import rank_output
-from keras_mpfp16.runtime import cuda, env, failure, rendezvous
+from keras_mpfp16.runtime.mpi import cuda
+from keras_mpfp16.runtime.supervision import failure, rendezvous
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = re.compile(r"KERAS_MPFP16_[A-Z0-9_]*[A-Z0-9]")

@@ -138,3 +138,103 @@ def test_check_sharing_rules():
     assert "see GPUs all" in bad.problems[1][0]
     assert "kmp.bind_gpus()" in bad.problems[1][1]
     assert doctor.cpu_ranges([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
+
+
+def _device_row(rank, gpus, visible, seen, cuda_build=True, host="a"):
+    return {
+        "rank": rank,
+        "host": host,
+        "gpus": gpus,
+        "cuda_visible_devices": visible,
+        "framework_gpus": seen,
+        "framework_cuda_build": cuda_build,
+    }
+
+
+@pytest.mark.parametrize(
+    "gpus_in_node, visible, seen, cuda_build, expected",
+    [
+        (0, None, [], False, None),  # a CPU node: nothing to judge
+        (4, None, ["GPU:0", "GPU:1", "GPU:2", "GPU:3"], True, None),
+        (4, "2", ["GPU:0"], True, None),  # bound to one, sees one
+        (4, "", [], True, None),  # CUDA_VISIBLE_DEVICES="": CPU by choice
+        (4, None, None, None, None),  # no TensorFlow: not judged
+        (4, None, [], False, "built without CUDA"),  # tensorflow-cpu on a GPU node
+        (4, "1", [], True, "CUDA/cuDNN libraries"),  # CUDA build, no usable GPU
+        (4, "0,1", ["GPU:0"], True, "bound to 2 GPU(s)"),  # bound but invisible
+    ],
+)
+def test_check_devices_rules(gpus_in_node, visible, seen, cuda_build, expected):
+    report = doctor.Report()
+    doctor.check_devices(
+        [_device_row(0, gpus_in_node, visible, seen, cuda_build)], report
+    )
+    if expected is None:
+        assert not report.problems, report.problems
+    else:
+        (problem,) = report.problems
+        assert expected in " ".join(problem), problem
+        if "sees none" in problem[0]:
+            assert "would train on the CPU" in problem[0]
+
+
+def test_check_devices_names_every_rank_on_the_cpu():
+    report = doctor.Report()
+    doctor.check_devices(
+        [
+            _device_row(0, 2, "0", ["GPU:0"]),
+            _device_row(1, 2, "1", []),
+            _device_row(2, 2, None, [], cuda_build=False, host="b"),
+        ],
+        report,
+    )
+    (problem,) = report.problems
+    assert (
+        "ranks 1, 2 on a, b: the node has GPUs but TensorFlow sees none" in (problem[0])
+    )
+    assert "tensorflow-gpu" in problem[1]
+
+
+def _doctor_with_seamed_devices(node_gpus: int, framework_gpus, cuda_build: bool):
+    """The doctor in a subprocess whose GPU queries are seamed: the driver's
+    count and TensorFlow's device list are what the test says."""
+    script = f"""
+import sys
+from keras_mpfp16.backend import devices
+from keras_mpfp16.runtime.process import gpus
+gpus.node_gpus = lambda: {node_gpus}
+devices.gpu_query = lambda: {framework_gpus!r}
+devices.cuda_build_query = lambda: {cuda_build!r}
+from keras_mpfp16 import doctor
+sys.exit(doctor.main(["--large-mb", "1"]))
+"""
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("OMPI_", "PMI", "SLURM_", "MV2_", "JSM_"))
+    }
+    clean.update({"TF_CPP_MIN_LOG_LEVEL": "3"})
+    clean.pop("CUDA_VISIBLE_DEVICES", None)
+    return subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env=clean,
+        timeout=240,
+    )
+
+
+def test_doctor_fails_when_the_node_has_gpus_tensorflow_does_not_use():
+    proc = _doctor_with_seamed_devices(2, [], False)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "the node has GPUs but TensorFlow sees none" in proc.stdout
+    assert "tensorflow[and-cuda]" in proc.stdout
+    assert "CPU" in proc.stdout  # the "TF computes on" column
+
+
+def test_doctor_ok_when_tensorflow_sees_the_gpus():
+    proc = _doctor_with_seamed_devices(
+        2, ["/physical_device:GPU:0", "/physical_device:GPU:1"], True
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "verdict: OK" in proc.stdout and "2 GPU(s)" in proc.stdout

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from keras_mpfp16.backend import devices
-from keras_mpfp16.runtime import gpus
+from keras_mpfp16.runtime.process import gpus
 
 
 @pytest.mark.parametrize(

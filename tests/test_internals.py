@@ -192,7 +192,7 @@ def test_xla_guard_is_installed_once():
 
 
 def test_xla_guard_turns_jit_off_for_a_multi_process_model(monkeypatch):
-    from keras_mpfp16.runtime import world
+    from keras_mpfp16.runtime.mpi import world
 
     inputs = keras.Input((2,))
     model = keras.Model(inputs, keras.layers.Dense(1)(inputs))

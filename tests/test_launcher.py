@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from keras_mpfp16.runtime import launcher
+from keras_mpfp16.runtime.process import launcher_env as launcher
 
 # -- detection ------------------------------------------------------------------
 

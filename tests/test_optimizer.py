@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import keras_mpfp16 as kmp
-from keras_mpfp16.runtime import collectives
+from keras_mpfp16.runtime.mpi import collectives
 
 
 @pytest.fixture(autouse=True)

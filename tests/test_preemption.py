@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from keras_mpfp16.runtime import preemption
+from keras_mpfp16.runtime.supervision import preemption
 
 
 def test_exit_code_is_distinct_and_documented():
@@ -78,7 +78,7 @@ def test_a_signal_not_agreed_on_is_delivered_again(late):
         f"""
         import os, signal, sys
         import numpy as np
-        from keras_mpfp16.runtime import preemption
+        from keras_mpfp16.runtime.supervision import preemption
         with preemption.handling():
             os.kill(os.getpid(), signal.SIGTERM)
             if not {late}:
@@ -97,7 +97,7 @@ def test_ignored_signal_stays_ignored():
     result = _run(
         """
         import os, signal
-        from keras_mpfp16.runtime import preemption
+        from keras_mpfp16.runtime.supervision import preemption
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         with preemption.handling():
             assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
@@ -115,12 +115,12 @@ def test_launch_wrapper_passes_status_and_ends_a_launcher_that_lost_a_rank(
     """runtime.launch with stand-in launchers (sh): the status passes through;
     a verdict written by a "rank" (report_lost, through the environment)
     makes it kill a launcher that does not end and exit 69 with the message."""
-    from keras_mpfp16.runtime import launch
+    from keras_mpfp16.runtime.supervision import launch_wrapper as launch
 
     assert launch.run(["sh", "-c", "exit 3"]) == 3
     assert launch.run(["sh", "-c", "kill -TERM $$"]) == 128 + signal.SIGTERM
     rank = (
-        "import os, time; from keras_mpfp16.runtime.launch import report_lost; "
+        "import os, time; from keras_mpfp16.runtime.supervision.launch_wrapper import report_lost; "
         "report_lost('rank 2 (host n3) is unreachable'); time.sleep(120)"
     )
     started = time.monotonic()

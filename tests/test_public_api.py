@@ -57,7 +57,7 @@ def test_top_level_exports_the_explicit_path():
 
 def test_names_documented_in_0_2_still_resolve():
     # runtime.world.barrier moved to runtime.collectives: a deprecated alias.
-    from keras_mpfp16.runtime import world
+    from keras_mpfp16.runtime.mpi import world
 
     with pytest.warns(DeprecationWarning, match=r"keras_mpfp16\.barrier\(\)"):
         world.barrier()  # one process: returns at once

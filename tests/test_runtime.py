@@ -7,8 +7,10 @@ import sys
 import numpy as np
 import pytest
 
+from keras_mpfp16 import _settings as env
 from keras_mpfp16 import runtime
-from keras_mpfp16.runtime import cuda, env, threads, wire
+from keras_mpfp16.runtime.mpi import cuda, wire
+from keras_mpfp16.runtime.process import threads
 
 
 def test_plain_python_is_a_one_process_world():
@@ -56,7 +58,7 @@ def test_bad_op_and_wire_dtype_name_the_allowed_values():
 def test_init_without_mpi_says_how_to_install_one():
     code = (
         "import sys; sys.modules['mpi4py'] = None\n"
-        "from keras_mpfp16.runtime import world\n"
+        "from keras_mpfp16.runtime.mpi import world\n"
         "try:\n"
         "    world.init()\n"
         "except RuntimeError as e:\n"
@@ -195,7 +197,7 @@ def test_wire_bytes_are_halved_by_16_bit_formats():
 
 
 def test_stall_settings_are_validated(monkeypatch):
-    from keras_mpfp16.runtime import stall
+    from keras_mpfp16.runtime.supervision import stall
 
     with pytest.raises(
         ValueError, match=r"`timeout`: expected a number of seconds > 0"
@@ -211,7 +213,7 @@ def test_stall_settings_are_validated(monkeypatch):
 
 
 def test_failure_message_names_rank_and_prefixes_every_line():
-    from keras_mpfp16.runtime import failure
+    from keras_mpfp16.runtime.supervision import failure
 
     try:
         raise ValueError("boom")
@@ -235,8 +237,8 @@ class _FakeComm:
 
 def test_stall_conflicts_must_persist_before_the_job_is_ended(monkeypatch):
     """A stale "wait" (its "left" still in flight) must not end a healthy job."""
-    from keras_mpfp16.runtime import stall
-    from keras_mpfp16.runtime.stall_messages import Wait
+    from keras_mpfp16.runtime.supervision import stall
+    from keras_mpfp16.runtime.supervision.stall_messages import Wait
 
     insp = stall.Inspector(_FakeComm(), timeout=60, abort_after=0)
     failures = []

@@ -9,8 +9,9 @@ import time
 
 import pytest
 
-from keras_mpfp16.runtime import env, stall
-from keras_mpfp16.runtime.stall_messages import Finished, Left, Wait
+from keras_mpfp16 import _settings as env
+from keras_mpfp16.runtime.supervision import stall
+from keras_mpfp16.runtime.supervision.stall_messages import Finished, Left, Wait
 
 
 class _FakeComm:

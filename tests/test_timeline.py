@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from mpi_launch import run_mpi
 
-from keras_mpfp16.runtime import scaling, timeline
+from keras_mpfp16.runtime.trace import scaling, timeline
 
 # -- report math ------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from keras_mpfp16.backend import tf_path, tf_sparse, tf_steps, tf_wire
-from keras_mpfp16.runtime import cuda, wire
+from keras_mpfp16.runtime.mpi import cuda, wire
 
 
 def sample_rows(rng, rows=9, cols=257):

@@ -1,7 +1,7 @@
 """Writes the settings reference of docs/configuration.md from the registry.
 
 The page's text between `<!-- settings:begin -->` and `<!-- settings:end -->`
-is generated from `keras_mpfp16.runtime.env` (every `KERAS_MPFP16_*`
+is generated from `keras_mpfp16._settings` (every `KERAS_MPFP16_*`
 setting); the rest of the page is written by hand.
 
     python tools/configuration_doc.py           # rewrite the page
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--page", type=Path, default=PAGE)
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
-    from keras_mpfp16.runtime import env
+    from keras_mpfp16 import _settings as env
 
     old = args.page.read_text()
     new = render(old, env.markdown())

@@ -47,7 +47,7 @@ from cluster_models import DEFAULT_STEPS, MODELS, build, data  # noqa: E402
 import keras_mpfp16 as kmp  # noqa: E402
 from keras_mpfp16 import runtime  # noqa: E402
 from keras_mpfp16.backend import bridge  # noqa: E402
-from keras_mpfp16.runtime import stall  # noqa: E402
+from keras_mpfp16.runtime.supervision import stall  # noqa: E402
 
 SPARSE_ENV = "KERAS_MPFP16_SPARSE_GRADIENTS"
 WIRES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}

@@ -12,16 +12,27 @@ and the relative L2 error of the last 256 outputs (all batch rows and units)
 is reported against both references. `float32` vs float64 is printed too: it
 is the part of the drift that is the dynamics' own sensitivity.
 
+With `--tf32 MODE...` each study is repeated with the float32 operands of the
+layers' products rounded to TF32 as an Ampere-or-later GPU rounds them
+(`tf32_emulation.py`; modes `none`, `input`, `recurrent`, `both`), and
+Keras's layer under the `float32` policy is run under TF32 too; errors are
+still against the float32 reference without TF32.
+
     python examples/benchmarks/layers_numerics.py --out numerics.json
     python examples/benchmarks/layers_numerics.py --quick   # CI smoke run
+    python examples/benchmarks/layers_numerics.py --gate-biases 8 \
+        --policies mixed_float16 --input-precisions float32 \
+        --tf32 none input recurrent both --out layers_tf32.json
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
+import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -36,6 +47,12 @@ from keras_mpfp16.layers.precision import (  # noqa: E402
 )
 
 POLICIES = ("mixed_float16", "mixed_bfloat16")
+TF32_MODES = {
+    "none": (),
+    "input": ("input",),
+    "recurrent": ("recurrent",),
+    "both": ("input", "recurrent"),
+}
 KERAS_CLASSES = {"lstm": keras.layers.LSTM, "gru": keras.layers.GRU}
 OUR_CLASSES = {"lstm": mp_layers.LSTM, "gru": mp_layers.GRU}
 
@@ -58,6 +75,16 @@ def parse_args(argv=None):
         nargs="+",
         default=list(INPUT_PRECISIONS),
         choices=list(INPUT_PRECISIONS),
+    )
+    parser.add_argument(
+        "--policies", nargs="+", default=list(POLICIES), choices=list(POLICIES)
+    )
+    parser.add_argument(
+        "--tf32",
+        nargs="+",
+        default=["none"],
+        choices=list(TF32_MODES),
+        help="products whose float32 operands are rounded to TF32 (emulated)",
     )
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--features", type=int, default=6)
@@ -146,65 +173,103 @@ def measure(args):
                         build(KERAS_CLASSES[kind], "float64", weights, shape),
                         x.astype("float64"),
                     )
-                base = {"layer": kind, "T": length, "gate_bias": gate_bias}
+                for mode in args.tf32:
+                    rows.extend(
+                        _study(
+                            args,
+                            kind,
+                            length,
+                            gate_bias,
+                            weights,
+                            x,
+                            ref32,
+                            ref64,
+                            mode,
+                        )
+                    )
+    return rows
+
+
+def _tf32(mode, units):
+    if mode == "none":
+        return contextlib.nullcontext()
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from tf32_emulation import emulated_tf32
+
+    return emulated_tf32(TF32_MODES[mode], recurrent_rows=units)
+
+
+def _study(args, kind, length, gate_bias, weights, x, ref32, ref64, mode):
+    """One case (layer, T, gate bias) under one TF32 mode: the rows."""
+    rows = []
+    shape = x.shape
+    with _tf32(mode, weights["units"]):
+        base = {"layer": kind, "T": length, "gate_bias": gate_bias, "tf32": mode}
+        # Keras's float32 layer: the reference itself, or under TF32 rerun.
+        y32 = ref32
+        if mode != "none":
+            y32 = run(build(KERAS_CLASSES[kind], "float32", weights, shape), x)
+        rows.append(
+            {
+                **base,
+                "policy": "float32",
+                "impl": "keras",
+                "err_vs_f32": relative_error(y32, ref32, args.tail),
+                "err_vs_f64": relative_error(y32, ref64, args.tail),
+            }
+        )
+        variants = [("keras", KERAS_CLASSES[kind], {})] + [
+            (
+                f"ours:in={i},rec={r}",
+                OUR_CLASSES[kind],
+                {"input_precision": i, "recurrent_precision": r},
+            )
+            for i in args.input_precisions
+            for r in args.recurrent_precisions
+        ]
+        for policy in args.policies:
+            # Two floors, both float32 arithmetic: with only the
+            # outputs rounded to the policy's dtype (what any layer
+            # with compute-dtype outputs shows), and with the input
+            # rounded as well (what the dynamics make of a layer
+            # input already in the compute dtype, as in a stack).
+            half = policy.split("_")[1]
+            floors = []
+            if mode == "none":
+                floors = [
+                    ("floor:output-rounded", ref32),
+                    (
+                        "floor:input+output-rounded",
+                        run(
+                            build(KERAS_CLASSES[kind], "float32", weights, shape),
+                            round_to(x, half),
+                        ),
+                    ),
+                ]
+            for name, y in floors:
+                y = round_to(y, half).astype("float64")
                 rows.append(
                     {
                         **base,
-                        "policy": "float32",
-                        "impl": "keras",
-                        "err_vs_f32": 0.0,
-                        "err_vs_f64": relative_error(ref32, ref64, args.tail),
+                        "policy": policy,
+                        "impl": name,
+                        "err_vs_f32": relative_error(y, ref32, args.tail),
+                        "err_vs_f64": relative_error(y, ref64, args.tail),
                     }
                 )
-                variants = [("keras", KERAS_CLASSES[kind], {})] + [
-                    (
-                        f"ours:in={i},rec={r}",
-                        OUR_CLASSES[kind],
-                        {"input_precision": i, "recurrent_precision": r},
-                    )
-                    for i in args.input_precisions
-                    for r in args.recurrent_precisions
-                ]
-                for policy in POLICIES:
-                    # Two floors, both float32 arithmetic: with only the
-                    # outputs rounded to the policy's dtype (what any layer
-                    # with compute-dtype outputs shows), and with the input
-                    # rounded as well (what the dynamics make of a layer
-                    # input already in the compute dtype, as in a stack).
-                    half = policy.split("_")[1]
-                    floors = [
-                        ("floor:output-rounded", ref32),
-                        (
-                            "floor:input+output-rounded",
-                            run(
-                                build(KERAS_CLASSES[kind], "float32", weights, shape),
-                                round_to(x, half),
-                            ),
-                        ),
-                    ]
-                    for name, y in floors:
-                        y = round_to(y, half).astype("float64")
-                        rows.append(
-                            {
-                                **base,
-                                "policy": policy,
-                                "impl": name,
-                                "err_vs_f32": relative_error(y, ref32, args.tail),
-                                "err_vs_f64": relative_error(y, ref64, args.tail),
-                            }
-                        )
-                    for name, cls, kwargs in variants:
-                        y = run(build(cls, policy, weights, shape, **kwargs), x)
-                        rows.append(
-                            {
-                                **base,
-                                "policy": policy,
-                                "impl": name,
-                                "err_vs_f32": relative_error(y, ref32, args.tail),
-                                "err_vs_f64": relative_error(y, ref64, args.tail),
-                            }
-                        )
-                    print_rows(rows[-len(variants) - len(floors) :])
+            for name, cls, kwargs in variants:
+                y = run(build(cls, policy, weights, shape, **kwargs), x)
+                rows.append(
+                    {
+                        **base,
+                        "policy": policy,
+                        "impl": name,
+                        "err_vs_f32": relative_error(y, ref32, args.tail),
+                        "err_vs_f64": relative_error(y, ref64, args.tail),
+                    }
+                )
+            print_rows(rows[-len(variants) - len(floors) :])
+        print_rows(rows[:1])
     return rows
 
 
@@ -215,11 +280,11 @@ def _percent(value):
 def print_rows(rows, header=False):
     if header:
         print(
-            f"{'layer':5} {'T':>5} {'bias':>4} {'policy':15} {'impl':26} {'err_vs_f32':>10} {'err_vs_f64':>10}"
+            f"{'layer':5} {'T':>5} {'bias':>4} {'tf32':9} {'policy':15} {'impl':26} {'err_vs_f32':>10} {'err_vs_f64':>10}"
         )
     for r in rows:
         print(
-            f"{r['layer']:5} {r['T']:5d} {r['gate_bias']:4g} {r['policy']:15} {r['impl']:26} "
+            f"{r['layer']:5} {r['T']:5d} {r['gate_bias']:4g} {r.get('tf32', 'none'):9} {r['policy']:15} {r['impl']:26} "
             f"{r['err_vs_f32']:10.4%} {_percent(r['err_vs_f64']):>10}",
             flush=True,
         )
@@ -228,13 +293,13 @@ def print_rows(rows, header=False):
 def summary(rows):
     """Ours/Keras error ratio per case, and whether the <= 0.5x target holds."""
     keras_err = {
-        (r["layer"], r["T"], r["gate_bias"], r["policy"]): r["err_vs_f32"]
+        (r["layer"], r["T"], r["gate_bias"], r["policy"], r["tf32"]): r["err_vs_f32"]
         for r in rows
         if r["impl"] == "keras" and r["policy"] != "float32"
     }
     out = []
     for r in rows:
-        key = (r["layer"], r["T"], r["gate_bias"], r["policy"])
+        key = (r["layer"], r["T"], r["gate_bias"], r["policy"], r["tf32"])
         if r["impl"].startswith("ours") and key in keras_err:
             k = keras_err[key]
             out.append(
@@ -262,7 +327,7 @@ def main(argv=None):
         ratio = "n/a" if c["ratio_vs_keras"] is None else f"{c['ratio_vs_keras']:.3f}"
         flag = "ok" if c["meets_target"] else "MISSED"
         print(
-            f"{c['layer']:5} T={c['T']:5d} bias={c['gate_bias']:g} {c['policy']:15} {c['impl']:26} "
+            f"{c['layer']:5} T={c['T']:5d} bias={c['gate_bias']:g} tf32={c['tf32']:9} {c['policy']:15} {c['impl']:26} "
             f"ratio={ratio:>6} keras={c['keras_err_vs_f32']:.4%} {flag}"
         )
     result = {

@@ -45,7 +45,7 @@ def worker(args):
     import keras_mpfp16 as kmp
     from keras_mpfp16.backend import tensorflow as bridge
     from keras_mpfp16.backend import tf_gradients
-    from keras_mpfp16.runtime import collectives
+    from keras_mpfp16.runtime.mpi import collectives
 
     events = []  # (kind, index, time)
 

@@ -975,6 +975,69 @@ def layers_drift_variants(folder):
     )
 
 
+TF32_MODE_NAMES = {
+    "none": "off",
+    "input": "input projection",
+    "recurrent": "recurrent product",
+    "both": "both products",
+}
+
+
+@table("layers_tf32")
+def layers_tf32(folder):
+    """Drift with the layers' float32 products rounded to TF32 (emulated)."""
+    d = load(folder, "layers_tf32.json")
+    a = d["args"]
+    idx = {
+        (r["layer"], r["T"], r["tf32"], r["policy"], r["impl"]): r for r in d["rows"]
+    }
+    policy = a["policies"][0]
+    bias = a["gate_biases"][0]
+    precisions = a["recurrent_precisions"]
+    rows = []
+    for layer in a["layers"]:
+        for T in a["lengths"]:
+            for mode in a["tf32"]:
+                keras16 = idx[(layer, T, mode, policy, "keras")]["err_vs_f32"]
+                ours = {
+                    r: idx[(layer, T, mode, policy, f"ours:in=float32,rec={r}")][
+                        "err_vs_f32"
+                    ]
+                    for r in precisions
+                }
+                rows.append(
+                    [
+                        layer.upper(),
+                        T,
+                        TF32_MODE_NAMES[mode],
+                        pct(keras16),
+                        pct(idx[(layer, T, mode, "float32", "keras")]["err_vs_f32"]),
+                        *(pct(ours[r]) for r in precisions),
+                        f"{ours['float32'] / keras16:.3f}",
+                    ]
+                )
+    return (
+        f"*{d['date']}, {d['seconds']:.0f} s; {policy}, gate bias {bias:g}, "
+        f"batch {a['batch']}, {a['units']} units, {a['features']} features, "
+        f"last {a['tail']} outputs*\n\n"
+        + md(
+            [
+                "layer",
+                "T",
+                "TF32 on",
+                f"Keras {policy}",
+                "Keras float32",
+                *(
+                    f"ours rec={r}" + (" (default)" if r == "float32" else "")
+                    for r in precisions
+                ),
+                "ours default / Keras " + policy,
+            ],
+            rows,
+        )
+    )
+
+
 def speed(folder, name):
     d = load(folder, name)
     return d, {(r["layer"], r["policy"], r["impl"]): r for r in d["results"]}

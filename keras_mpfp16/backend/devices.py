@@ -2,7 +2,7 @@
 
 CUDA reads `CUDA_VISIBLE_DEVICES` once, when it initialises in the process;
 TensorFlow initialises it lazily, at the first operation or device query.
-The device choice is `keras_mpfp16.runtime.gpus`; this module adds what only
+The device choice is `keras_mpfp16.runtime.process.gpus`; this module adds what only
 the backend layer can tell: whether it is already too late.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from keras_mpfp16.runtime import gpus
+from keras_mpfp16.runtime.process import gpus
 
 
 def framework_initialized() -> str | None:
@@ -66,3 +66,47 @@ def bind_gpus(gpus_per_rank: int = 1) -> list[str]:
     ```
     """
     return gpus.bind(gpus_per_rank, framework_initialized)
+
+
+def _tensorflow_gpus() -> list[str] | None:
+    """The GPUs TensorFlow will compute on, or None when it is not installed.
+
+    Imports TensorFlow (the doctor's question is what the training will see)
+    and asks `tf.config.list_physical_devices("GPU")`, which initialises its
+    devices: call it where that is harmless.
+    """
+    try:
+        import tensorflow as tf
+    except ImportError:
+        return None
+    return [d.name for d in tf.config.list_physical_devices("GPU")]
+
+
+def _tensorflow_built_with_cuda() -> bool | None:
+    try:
+        import tensorflow as tf
+    except ImportError:
+        return None
+    return bool(tf.test.is_built_with_cuda())
+
+
+# The seams: tests (and a machine without a GPU) set these to say what the
+# framework would report.
+gpu_query = _tensorflow_gpus
+cuda_build_query = _tensorflow_built_with_cuda
+
+
+def framework_gpus() -> list[str] | None:
+    """GPU devices the framework (TensorFlow) computes on in this process.
+
+    Returns:
+        Device names such as `["/physical_device:GPU:0"]`, `[]` when
+        TensorFlow sees no GPU (it computes on the CPU), or None when
+        TensorFlow is not installed.
+    """
+    return gpu_query()
+
+
+def framework_built_with_cuda() -> bool | None:
+    """Whether the installed TensorFlow can use CUDA at all (None: no TensorFlow)."""
+    return cuda_build_query()

@@ -28,7 +28,8 @@ from keras_mpfp16.internals.tensorflow import (  # noqa: F401  (bridge API)
     devices_initialized,
     in_xla_context,
 )
-from keras_mpfp16.runtime import collectives, preemption, world
+from keras_mpfp16.runtime.mpi import collectives, world
+from keras_mpfp16.runtime.supervision import preemption
 
 _XLA_ASSERT_WARNING = (
     "keras_mpfp16: this train step is compiled with XLA, which cannot raise "
@@ -38,7 +39,12 @@ _XLA_ASSERT_WARNING = (
 )
 
 
-def allreduce_tensors(tensors, op: str = "sum", carry_preemption: bool = False):
+def allreduce_tensors(
+    tensors,
+    op: str = "sum",
+    carry_preemption: bool = False,
+    name: str = "allreduce",
+):
     """Reduces a few small tensors of any numeric dtype in one MPI call, in-graph.
 
     For bookkeeping state such as metric accumulators, not gradients: values
@@ -51,6 +57,7 @@ def allreduce_tensors(tensors, op: str = "sum", carry_preemption: bool = False):
         carry_preemption: Also carry this rank's preemption request in the
             same MPI call (`runtime.preemption.allreduce_carrying`; `"sum"`
             only). Every rank must pass the same value for the same call.
+        name: What the call is, for stall reports.
 
     Returns:
         List of reduced tensors, identical on every rank.
@@ -65,12 +72,54 @@ def allreduce_tensors(tensors, op: str = "sum", carry_preemption: bool = False):
     def reduce(buf):
         if carry_preemption:
             return preemption.allreduce_carrying(buf)
-        return collectives.allreduce(buf, op=op).astype(np.float64)
+        return collectives.allreduce(buf, op=op, name=name).astype(np.float64)
 
     out = ordered(lambda: tf.numpy_function(reduce, [flat], tf.float64, stateful=True))
     out.set_shape(flat.shape)
     parts = tf.split(out, [int(np.prod(t.shape)) for t in tensors])
     return [tf.cast(tf.reshape(p, t.shape), t.dtype) for p, t in zip(parts, tensors)]
+
+
+def allreduce_sum_differentiable(tensor, name: str = "allreduce (differentiable)"):
+    """The sum over ranks of one float64 tensor, in-graph, with a gradient.
+
+    For values computed in the forward pass from each rank's part of the
+    global batch (e.g. `SyncBatchNormalization`'s per-feature sums): the
+    gradient of the sum is the sum over ranks of the upstream gradients (one
+    more allreduce in the backward pass), which is what makes the averaged
+    gradients those of one process on the concatenated batch. Every rank
+    must make the same calls in the same order (one model on every rank
+    does). With one process it is the identity.
+
+    Args:
+        tensor: A float64 tensor, the same shape on every rank.
+        name: What the call is, for stall reports.
+
+    Returns:
+        The sum over ranks, identical on every rank.
+    """
+    tensor = tf.convert_to_tensor(tensor)
+    if tensor.dtype != tf.float64:
+        raise TypeError(
+            f"allreduce_sum_differentiable expects a float64 tensor, got {tensor.dtype.name}"
+        )
+    if world.size() == 1:
+        return tf.identity(tensor)
+
+    @tf.custom_gradient
+    def global_sum(x):
+        total = allreduce_tensors([x], op="sum", name=name)[0]
+
+        def grad(upstream):
+            return allreduce_tensors(
+                [tf.convert_to_tensor(upstream, tf.float64)],
+                op="sum",
+                name=f"{name} (gradient)",
+            )[0]
+
+        return total, grad
+
+    return global_sum(tensor)
 
 
 def _checksum(arrays) -> int:

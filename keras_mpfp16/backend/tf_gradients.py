@@ -54,7 +54,8 @@ from keras_mpfp16.backend.tf_steps import (
     float_slot_piece,
 )
 from keras_mpfp16.backend.tf_wire import decode_rows, encode_rows, owner_sum
-from keras_mpfp16.runtime import collectives, cuda, timeline, wire, world
+from keras_mpfp16.runtime.mpi import collectives, cuda, wire, world
+from keras_mpfp16.runtime.trace import timeline
 
 _H = wire.HEADER_WORDS
 

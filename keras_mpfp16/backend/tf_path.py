@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from keras_mpfp16.runtime import cuda
+from keras_mpfp16.runtime.mpi import cuda
 
 # -- which path buffers take to MPI (decided once) ---------------------------------
 

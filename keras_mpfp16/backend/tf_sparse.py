@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from keras_mpfp16 import _settings as env
 from keras_mpfp16.backend.tf_order import ordered
 from keras_mpfp16.backend.tf_path import aligned_empty, host_finite
-from keras_mpfp16.runtime import collectives, cuda, env, world
+from keras_mpfp16.runtime.mpi import collectives, cuda, world
 
-SPARSE_ENV = "KERAS_MPFP16_SPARSE_GRADIENTS"  # registered in runtime.env
+SPARSE_ENV = "KERAS_MPFP16_SPARSE_GRADIENTS"  # registered in _settings.py
 SPARSE_MODES = env.setting("SPARSE_GRADIENTS").choices
 
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from keras_mpfp16.runtime import progress, wire
+from keras_mpfp16.runtime import progress
+from keras_mpfp16.runtime.mpi import wire
 
 
 def check_step_table(table, what: str) -> None:

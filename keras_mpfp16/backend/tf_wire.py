@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from keras_mpfp16.runtime import wire
+from keras_mpfp16.runtime.mpi import wire
 
 TF_WIRE_DTYPES = {"float16": tf.float16, "bfloat16": tf.bfloat16}
 

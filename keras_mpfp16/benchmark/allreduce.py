@@ -7,7 +7,7 @@ import time
 import numpy as np
 
 from keras_mpfp16 import runtime
-from keras_mpfp16.runtime.wire import WIRE_DTYPES
+from keras_mpfp16.runtime.mpi.wire import WIRE_DTYPES
 
 DEFAULT_SIZES = [2**k for k in range(10, 29, 2)]  # 1 KiB .. 256 MiB
 

@@ -28,13 +28,13 @@ from keras_mpfp16.callbacks.lr_schedule import (
     scale_factor,
     scaled_learning_rate,
 )
-from keras_mpfp16.callbacks.rank_output import (
+from keras_mpfp16.callbacks.root_only import RootOnly, root_only
+from keras_mpfp16.callbacks.timeline import Timeline
+from keras_mpfp16.rank_output import (
     print_once,
     quiet_non_root_ranks,
     root_stdout_only,
 )
-from keras_mpfp16.callbacks.root_only import RootOnly, root_only
-from keras_mpfp16.callbacks.timeline import Timeline
 
 __all__ = [
     "SCALING_RULES",

@@ -15,7 +15,7 @@ import keras
 
 from keras_mpfp16 import runtime
 from keras_mpfp16.internals import keras as keras_internals
-from keras_mpfp16.runtime.atomic_files import atomic_write, temporary_path
+from keras_mpfp16.runtime.supervision.atomic_files import atomic_write, temporary_path
 
 __all__ = ["AtomicModelCheckpoint", "atomic_write", "temporary_path"]
 

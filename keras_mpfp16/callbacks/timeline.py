@@ -7,8 +7,8 @@ import os
 import keras
 
 from keras_mpfp16 import runtime
-from keras_mpfp16.runtime import scaling
-from keras_mpfp16.runtime import timeline as _timeline
+from keras_mpfp16.runtime.trace import scaling
+from keras_mpfp16.runtime.trace import timeline as _timeline
 
 
 class Timeline(keras.callbacks.Callback):

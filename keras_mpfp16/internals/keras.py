@@ -127,6 +127,27 @@ def rnn_loop(step_function: Callable, inputs: Any, initial_states: list, **kwarg
     return _rnn(step_function, inputs, initial_states, **kwargs)
 
 
+FUSED_RNN = _register(
+    "keras.fused_rnn",
+    "keras.src.backend.lstm / keras.src.backend.gru",
+    "the float32 cuDNN path of keras_mpfp16.layers.LSTM/GRU on a GPU",
+)
+_fused = {
+    "lstm": _resolve(FUSED_RNN, "keras.src.backend", "lstm"),
+    "gru": _resolve(FUSED_RNN, "keras.src.backend", "gru"),
+}
+
+
+def fused_rnn(kind: str) -> Callable:
+    """The backend's fused kernel for `kind` (`"lstm"` or `"gru"`).
+
+    On TensorFlow with a GPU it is cuDNN; where the backend has none for the
+    arguments it raises `NotImplementedError`, as Keras's layers expect.
+    Arguments as Keras's `LSTM.inner_loop`/`GRU.inner_loop` pass them.
+    """
+    return _fused[kind]
+
+
 AUTOCAST_SCOPE = _register(
     "keras.read_uncast",
     "keras.src.backend.AutocastScope",

@@ -25,6 +25,7 @@ from keras_mpfp16.internals.keras import (
     EPOCH_ITERATOR,
     FIT_VALIDATION_EVALUATE,
     FLATTEN_LAYERS,
+    FUSED_RNN,
     GET_METRICS_RESULT,
     INITIAL_EPOCH,
     METRICS_RESULT_AT_END,
@@ -50,6 +51,7 @@ from keras_mpfp16.internals.keras import (
     checkpoint_file_path,
     checkpoint_should_save,
     flatten_layers,
+    fused_rnn,
     get_initial_epoch,
     get_learning_rate_slot,
     optimizer_trainable_variables,
@@ -93,6 +95,54 @@ def _probe_rnn_loop() -> None:
     got = ops.convert_to_numpy(last).tolist()
     if got != [[3.0, 3.0]] or tuple(outputs.shape) != (1, 3, 2):
         raise AssertionError(f"summing 3 ones gave {got}, outputs {outputs.shape}")
+
+
+def _probe_fused_rnn() -> None:
+    """The fused kernels take Keras's arguments: they run (a GPU) or raise
+    NotImplementedError (no fused kernel here), nothing else."""
+    from keras import activations, ops
+
+    units, features = 2, 3
+    common = {
+        "activation": activations.tanh,
+        "recurrent_activation": activations.sigmoid,
+        "return_sequences": True,
+        "go_backwards": False,
+        "unroll": False,
+    }
+    x = ops.ones((1, 4, features))
+    h = ops.zeros((1, units))
+    calls = {
+        "lstm": lambda: fused_rnn("lstm")(
+            x,
+            h,
+            h,
+            None,
+            kernel=ops.zeros((features, 4 * units)),
+            recurrent_kernel=ops.zeros((units, 4 * units)),
+            bias=ops.zeros((4 * units,)),
+            **common,
+        ),
+        "gru": lambda: fused_rnn("gru")(
+            x,
+            h,
+            None,
+            kernel=ops.zeros((features, 3 * units)),
+            recurrent_kernel=ops.zeros((units, 3 * units)),
+            bias=ops.zeros((2, 3 * units)),
+            reset_after=True,
+            **common,
+        ),
+    }
+    for kind, call in calls.items():
+        if fused_rnn(kind) is None:
+            raise AssertionError(f"no fused {kind}")
+        try:
+            _, outputs, _ = call()
+        except NotImplementedError:
+            continue
+        if tuple(outputs.shape) != (1, 4, units):
+            raise AssertionError(f"fused {kind} outputs {outputs.shape}")
 
 
 def _probe_read_uncast() -> None:
@@ -519,6 +569,7 @@ def _probe_callback_list_editable() -> None:
 
 PROBES = {
     RNN_LOOP.accessor: _probe_rnn_loop,
+    FUSED_RNN.accessor: _probe_fused_rnn,
     AUTOCAST_SCOPE.accessor: _probe_read_uncast,
     MODEL_SUPPORTS_JIT.accessor: _probe_model_supports_jit,
     OPTIMIZER_LEARNING_RATE.accessor: _probe_learning_rate_slot,

@@ -44,8 +44,11 @@ class LSTM(Float32CarryRNN, keras.layers.LSTM):
             defaults and meaning, except `use_cudnn` below.
         use_cudnn: `"auto"`, `True` or `False`. Under float32 as in Keras
             (cuDNN when eligible). Under a 16-bit compute dtype `"auto"`
-            means the float32-carry loop; `True` forces Keras's cuDNN path,
-            whose carry is in the compute dtype.
+            means the float32-carry loop on a CPU, and on a TensorFlow GPU
+            Keras's cuDNN kernel in float32 where the arguments are
+            cuDNN-eligible and both precisions are `"float32"` (the same
+            numbers); `True` forces Keras's cuDNN path, whose carry is in
+            the compute dtype. `layer.recurrence_path` tells which runs.
         recurrent_precision: Precision of `h @ recurrent_kernel` under a
             16-bit compute dtype: `"float32"` (default), `"split"` (two
             half-precision products on the high and low parts of `h`) or
@@ -81,6 +84,8 @@ class LSTM(Float32CarryRNN, keras.layers.LSTM):
         # Keras arguments work without a change here).
         super().__init__(units, *args, **kwargs)
         self._init_float32_carry(recurrent_precision, input_precision)
+
+    _fused_kind = "lstm"
 
     def _float32_carry_loop(self, sequences, initial_state, mask, training):
         cell = self.cell

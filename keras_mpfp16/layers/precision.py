@@ -27,8 +27,11 @@ the last outputs by 15-44% from the float32 reference, while float32 for both
 products left only the rounding of the outputs (0.02% under float16, 0.17%
 under bfloat16). On this CPU the float32 products were also no slower than
 Keras, except for wide LSTMs under bfloat16 (1.5x at 256 units, where
-`recurrent_precision="compute"` is faster than Keras). On GPUs float32 products may run as TF32 (10-bit
-mantissa inputs) unless disabled; that case is not measured. Tables and
+`recurrent_precision="compute"` is faster than Keras). On GPUs float32
+products may run as TF32 (10-bit mantissa inputs) unless disabled: emulated
+on a CPU, that gives Keras's float32 layer's numbers, harmless for the GRU
+and short memories but up to 0.69x Keras float16's drift for a long-memory
+LSTM; the layers warn once on such a GPU (`dispatch.py`). Tables and
 commands: `docs/layers.md`.
 """
 

@@ -17,7 +17,8 @@ from keras import config as keras_config
 from keras import ops, tree
 
 from keras_mpfp16 import _validate
-from keras_mpfp16.internals.keras import read_uncast, rnn_loop
+from keras_mpfp16.internals.keras import fused_rnn, read_uncast, rnn_loop
+from keras_mpfp16.layers import dispatch
 from keras_mpfp16.layers.lane_reset import reset_state_lanes
 from keras_mpfp16.layers.precision import (
     CARRY_DTYPE,
@@ -78,6 +79,25 @@ class Float32CarryRNN:
     def use_cudnn(self, value):
         self._requested_use_cudnn = _validate.one_of(
             "use_cudnn", value, ("auto", True, False)
+        )
+
+    @property
+    def recurrence_path(self) -> str:
+        """Which code runs the recurrence: one of `dispatch.PATHS`.
+
+        `"keras"` under a float32/float64 compute dtype (Keras's layer,
+        cuDNN by Keras's rules); under a 16-bit one `"loop"` (the
+        float32-carry loop), `"cudnn-float32"` (a TensorFlow GPU,
+        cuDNN-eligible arguments, float32 products: Keras's fused kernel in
+        float32) or `"cudnn-compute"` (`use_cudnn=True`).
+        """
+        return dispatch.choose_path(
+            half_compute=self.keeps_float32_carry,
+            requested=self._requested_use_cudnn,
+            input_precision=self.input_precision,
+            recurrent_precision=self.recurrent_precision,
+            arguments_ok=dispatch.cudnn_arguments_ok(self),
+            gpu=dispatch.gpu_present(),
         )
 
     def call(self, sequences, initial_state=None, mask=None, training=False):
@@ -149,13 +169,57 @@ class Float32CarryRNN:
             return super().inner_loop(sequences, initial_state, mask, training=training)
         if tree.is_nested(mask):
             mask = mask[0]
-        if self.use_cudnn is True:
+        path = self.recurrence_path
+        dispatch.notice_tf32(path, self.input_precision, self.recurrent_precision)
+        if path == "cudnn-compute":
             # Explicitly requested cuDNN: Keras's path, whose kernels take and
             # return the carry in the compute dtype.
             half_state = [ops.cast(s, self.compute_dtype) for s in initial_state]
             sequences = ops.cast(sequences, self.compute_dtype)
             return super().inner_loop(sequences, half_state, mask, training=training)
+        if path == "cudnn-float32":
+            try:
+                result = self._fused_float32(sequences, initial_state, mask, training)
+            except NotImplementedError:
+                pass  # no fused kernel for these arguments after all: the loop
+            else:
+                # As Keras does: the cuDNN ops do not compile with XLA.
+                self.supports_jit = False
+                return result
         return self._float32_carry_loop(sequences, initial_state, mask, training)
+
+    def _fused_float32(self, sequences, initial_state, mask, training):
+        """Keras's fused (cuDNN) kernel on float32 inputs, states and weights.
+
+        What Keras's `LSTM.inner_loop`/`GRU.inner_loop` do on their cuDNN
+        path, with every tensor float32: the kernel then computes the same
+        float32 LSTM/GRU as the float32-carry loop with float32 products.
+        Raises `NotImplementedError` where the backend has no fused kernel.
+        """
+        cell = self.cell
+        sequences = ops.cast(sequences, CARRY_DTYPE)
+        if training and cell.dropout:
+            dp_mask = cell.get_dropout_mask(sequences[:, 0, :])
+            if isinstance(dp_mask, (list, tuple)):
+                raise NotImplementedError  # per-gate masks (implementation=1)
+            dp_mask = ops.expand_dims(ops.cast(dp_mask, CARRY_DTYPE), axis=1)
+            sequences = sequences * ops.broadcast_to(dp_mask, ops.shape(sequences))
+        states = [ops.cast(s, CARRY_DTYPE) for s in initial_state]
+        weights = {
+            "kernel": read_uncast(cell.kernel),
+            "recurrent_kernel": read_uncast(cell.recurrent_kernel),
+            "bias": read_uncast(cell.bias),
+            "activation": cell.activation,
+            "recurrent_activation": cell.recurrent_activation,
+            "return_sequences": self.return_sequences,
+            "go_backwards": self.go_backwards,
+            "unroll": self.unroll,
+        }
+        if self._fused_kind == "lstm":
+            return fused_rnn("lstm")(sequences, states[0], states[1], mask, **weights)
+        return fused_rnn("gru")(
+            sequences, states[0], mask, reset_after=cell.reset_after, **weights
+        )
 
     # -- helpers for the subclasses' loops ---------------------------------
 

@@ -79,7 +79,7 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         wire_dtype: `"float32"` (default), `"float16"` or `"bfloat16"`: the
             format gradients cross the network in. 16-bit formats halve the
             bytes; the sum is always accumulated in float32 (see
-            `keras_mpfp16.runtime.wire`).
+            `keras_mpfp16.runtime.mpi.wire`).
         bucket_size_mb: Size of the fused reduction buckets in megabytes
             (float32 bytes). Gradients that fit in one bucket need one MPI call
             per step; smaller buckets let communication start earlier.

@@ -1,24 +1,26 @@
-"""Runtime: the MPI world and numpy-level collectives. Imports no Keras.
+"""Runtime: everything below Keras, by job. Imports no Keras.
 
-Layering inside: `world` (the communicator) is the bottom; `collectives`,
-`stall`, `failure`, `preemption`, `timeline` build on it; `services` starts
-the job's services from `world.init`'s hooks.
+Sub-packages, lowest first (each imports only those before it):
+
+- `process`: facts about this process before MPI starts (the launcher's
+  variables, thread defaults, GPU binding);
+- `mpi`: the communicator (`world`), the numpy collectives, the 16-bit wire
+  format, CUDA-aware MPI;
+- `trace`: the per-rank timeline and the scaling report;
+- `supervision`: the stall inspector, abort on failure, the rendezvous, the
+  preemption agreement, atomic files, the launch wrapper; `services` starts
+  them from `world.init`'s hooks.
+
+`progress` (where training is) stands alone. This package's `__init__`
+gathers the names users call (`__all__`).
 """
 
 # Names imported here but not in __all__ are re-exported for the library's
 # own modules (`runtime.allgather_object`, ...), not as API.
 # ruff: noqa: F401
 
-# Registers the job's services (stall inspector, rendezvous, abort on
-# failure) with `world.init`.
-from keras_mpfp16.runtime import (
-    failure,
-    preemption,
-    progress,
-    services,
-    stall,
-)
-from keras_mpfp16.runtime.collectives import (
+from keras_mpfp16.runtime import progress
+from keras_mpfp16.runtime.mpi.collectives import (
     REDUCE_OPS,
     allgather,
     allgather_object,
@@ -29,10 +31,9 @@ from keras_mpfp16.runtime.collectives import (
     broadcast_arrays,
     validate_op,
 )
-from keras_mpfp16.runtime.cuda import cuda_aware
-from keras_mpfp16.runtime.threads import apply_thread_defaults
-from keras_mpfp16.runtime.wire import WIRE_DTYPES, validate_wire_dtype
-from keras_mpfp16.runtime.world import (
+from keras_mpfp16.runtime.mpi.cuda import cuda_aware
+from keras_mpfp16.runtime.mpi.wire import WIRE_DTYPES, validate_wire_dtype
+from keras_mpfp16.runtime.mpi.world import (
     init,
     is_initialized,
     is_root,
@@ -43,6 +44,11 @@ from keras_mpfp16.runtime.world import (
     shutdown,
     size,
 )
+from keras_mpfp16.runtime.process.threads import apply_thread_defaults
+
+# Registers the job's services (stall inspector, rendezvous, abort on
+# failure) with `world.init`.
+from keras_mpfp16.runtime.supervision import failure, preemption, services, stall
 
 # What users call. The other names imported above (the numpy entry points
 # the bridges use, the validators, the submodules) stay importable for the

@@ -45,7 +45,7 @@ from keras import ops
 from keras_mpfp16 import backend as backends
 from keras_mpfp16 import runtime
 from keras_mpfp16.internals import keras as keras_internals
-from keras_mpfp16.runtime import preemption
+from keras_mpfp16.runtime.supervision import preemption
 from keras_mpfp16.sync import step_hooks
 
 # Outermost of the step hooks, so logs added by inner hooks (the learning

@@ -52,13 +52,14 @@ from keras_mpfp16.callbacks.root_only import RootOnly
 from keras_mpfp16.callbacks.wrapper import CallbackWrapper
 from keras_mpfp16.internals import keras as keras_internals
 from keras_mpfp16.optimizer import DistributedOptimizer
-from keras_mpfp16.runtime import timeline, world
-from keras_mpfp16.runtime.atomic_files import (
+from keras_mpfp16.runtime.mpi import world
+from keras_mpfp16.runtime.supervision.atomic_files import (
     atomic_write,
     fsync_dir,
     fsync_file,
     in_atomic_write,
 )
+from keras_mpfp16.runtime.trace import timeline
 
 # Callbacks whose only effect is writing files (or sending logs out): one
 # writer per job. The first two keep state users read after fit: on ranks

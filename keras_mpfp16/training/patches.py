@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import keras
 
-from keras_mpfp16.runtime import env, world
+from keras_mpfp16 import _settings as env
+from keras_mpfp16.runtime.mpi import world
 from keras_mpfp16.sync import xla
 from keras_mpfp16.training import files, model_hooks, sessions
 

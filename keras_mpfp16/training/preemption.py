@@ -39,7 +39,7 @@ import numpy as np
 
 from keras_mpfp16 import runtime
 from keras_mpfp16.internals import keras as keras_internals
-from keras_mpfp16.runtime import preemption
+from keras_mpfp16.runtime.supervision import preemption
 from keras_mpfp16.sync.metric_reduction import metric_variables
 from keras_mpfp16.training.files import SafeBackupAndRestore
 

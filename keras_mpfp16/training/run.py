@@ -27,7 +27,9 @@ from keras_mpfp16.callbacks.global_metrics import GlobalMetrics
 from keras_mpfp16.callbacks.timeline import Timeline
 from keras_mpfp16.data.split import split_for_evaluation
 from keras_mpfp16.internals import keras as keras_internals
-from keras_mpfp16.runtime import preemption, progress, timeline
+from keras_mpfp16.runtime import progress
+from keras_mpfp16.runtime.supervision import preemption
+from keras_mpfp16.runtime.trace import timeline
 from keras_mpfp16.sync import replica
 from keras_mpfp16.sync.checks import check_equal_steps
 from keras_mpfp16.sync.metric_reduction import MetricReduction

@@ -25,12 +25,14 @@ from typing import Any
 
 import keras
 
+from keras_mpfp16 import _settings as env
 from keras_mpfp16 import runtime
 from keras_mpfp16.callbacks.global_metrics import GlobalMetrics
-from keras_mpfp16.callbacks.rank_output import quiet_non_root_ranks
 from keras_mpfp16.internals import keras as keras_internals
 from keras_mpfp16.optimizer import DistributedOptimizer, engines
-from keras_mpfp16.runtime import env, rendezvous, world
+from keras_mpfp16.rank_output import quiet_non_root_ranks
+from keras_mpfp16.runtime.mpi import world
+from keras_mpfp16.runtime.supervision import rendezvous
 from keras_mpfp16.training import run
 
 _REFUSED = "{}() of a model compiled with a DistributedOptimizer"

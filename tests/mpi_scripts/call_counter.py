@@ -12,7 +12,8 @@ check rode in the first bucket) the separate step check.
 import collections
 import contextlib
 
-from keras_mpfp16.runtime import stall, world
+from keras_mpfp16.runtime.mpi import world
+from keras_mpfp16.runtime.supervision import stall
 
 _names: list = []
 

@@ -26,7 +26,9 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 import keras_mpfp16 as kmp  # noqa: E402
-from keras_mpfp16.runtime import atomic_files as checkpoint_module  # noqa: E402
+from keras_mpfp16.runtime.supervision import (  # noqa: E402
+    atomic_files as checkpoint_module,
+)
 
 out_dir, mode = sys.argv[1], sys.argv[2]
 rank, n = kmp.rank(), kmp.size()

@@ -11,7 +11,7 @@ import sys
 import time
 
 import keras_mpfp16 as kmp
-from keras_mpfp16.runtime import rendezvous
+from keras_mpfp16.runtime.supervision import rendezvous
 
 sleep = float(sys.argv[1])
 rank = kmp.rank()

@@ -27,7 +27,8 @@ import keras_mpfp16 as kmp  # noqa: E402
 from keras_mpfp16 import runtime  # noqa: E402
 from keras_mpfp16.backend import tf_gradients as tg  # noqa: E402
 from keras_mpfp16.backend import tf_path  # noqa: E402
-from keras_mpfp16.runtime import cuda, progress  # noqa: E402
+from keras_mpfp16.runtime import progress  # noqa: E402
+from keras_mpfp16.runtime.mpi import cuda  # noqa: E402
 
 runtime.init()
 rank, n = runtime.rank(), runtime.size()

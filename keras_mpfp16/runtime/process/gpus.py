@@ -11,10 +11,11 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
+from keras_mpfp16 import _settings as env
 from keras_mpfp16 import _validate
-from keras_mpfp16.runtime import env, launcher
+from keras_mpfp16.runtime.process import launcher_env as launcher
 
-ENV_VAR = env.setting("BIND_GPUS").name  # registered in runtime.env
+ENV_VAR = env.setting("BIND_GPUS").name  # registered in _settings.py
 
 
 def node_gpus() -> int:
@@ -86,7 +87,7 @@ def _local_rank_and_size() -> tuple[int, int]:
     if launch is None:
         return 0, 1  # a process started alone
     # A launcher that does not announce local ranks: ask MPI.
-    from keras_mpfp16.runtime import world
+    from keras_mpfp16.runtime.mpi import world
 
     return world.local_rank(), world.local_size()
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from keras_mpfp16.runtime import failure, rendezvous, stall, world
+from keras_mpfp16.runtime.mpi import world
+from keras_mpfp16.runtime.supervision import failure, rendezvous, stall
 
 
 def start(comm: Any) -> None:

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import os
 
-from keras_mpfp16.runtime import env
-from keras_mpfp16.runtime.world import launcher_local_size
+from keras_mpfp16 import _settings as env
+from keras_mpfp16.runtime.process.launcher_env import launcher_local_size
 
-ENV_VAR = "KERAS_MPFP16_THREADS"  # registered in runtime.env
+ENV_VAR = "KERAS_MPFP16_THREADS"  # registered in _settings.py
 
 # With more than one core per rank, a second inter-op thread runs the gradient
 # allreduce while the first keeps executing the graph, so communication

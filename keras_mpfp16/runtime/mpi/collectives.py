@@ -13,10 +13,11 @@ from typing import Any
 import numpy as np
 
 from keras_mpfp16 import _validate
-from keras_mpfp16.runtime import cuda, stall
-from keras_mpfp16.runtime import world as world_module
-from keras_mpfp16.runtime.wire import lowp_allreduce_sum, validate_wire_dtype
-from keras_mpfp16.runtime.world import world
+from keras_mpfp16.runtime.mpi import cuda
+from keras_mpfp16.runtime.mpi import world as world_module
+from keras_mpfp16.runtime.mpi.wire import lowp_allreduce_sum, validate_wire_dtype
+from keras_mpfp16.runtime.mpi.world import world
+from keras_mpfp16.runtime.supervision import stall
 
 REDUCE_OPS = ("average", "sum", "min", "max")
 

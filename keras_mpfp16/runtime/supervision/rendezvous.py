@@ -33,9 +33,9 @@ import time
 import warnings
 from dataclasses import dataclass
 
-from keras_mpfp16.runtime import env
+from keras_mpfp16 import _settings as env
 
-WAIT_ENV = env.setting("EVALUATE_WAIT").name  # registered in runtime.env
+WAIT_ENV = env.setting("EVALUATE_WAIT").name  # registered in _settings.py
 DEFAULT_WAIT = env.setting("EVALUATE_WAIT").default
 _TAG_ENTER = 11
 _TAG_VERDICT = 12
@@ -236,7 +236,7 @@ def enter(what: str) -> Verdict:
     state = _state
     if state is None:
         raise RuntimeError(
-            "keras_mpfp16.runtime.rendezvous.enter() before keras_mpfp16.init()."
+            "keras_mpfp16.runtime.supervision.rendezvous.enter() before keras_mpfp16.init()."
         )
     if state.size == 1:
         return Verdict(True)

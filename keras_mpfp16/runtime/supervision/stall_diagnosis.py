@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 import time
 
-from keras_mpfp16.runtime.stall_messages import Finished, Report, Wait
+from keras_mpfp16.runtime.supervision.stall_messages import Finished, Report, Wait
 
 _STEP_RE = re.compile(r"train step (-?\d+)")
 

@@ -49,18 +49,24 @@ import threading
 import time
 from contextlib import contextmanager
 
+from keras_mpfp16 import _settings as env
 from keras_mpfp16 import _validate
-from keras_mpfp16.runtime import env
-from keras_mpfp16.runtime import timeline as _timeline_mod
-from keras_mpfp16.runtime.stall_diagnosis import (
+from keras_mpfp16.runtime.supervision.stall_diagnosis import (
     cause_different,
     cause_finished,
     describe,
     train_step_of,
 )
-from keras_mpfp16.runtime.stall_messages import Beat, Finished, Left, Report, Wait
+from keras_mpfp16.runtime.supervision.stall_messages import (
+    Beat,
+    Finished,
+    Left,
+    Report,
+    Wait,
+)
+from keras_mpfp16.runtime.trace import timeline as _timeline_mod
 
-# Registered (with their defaults) in runtime.env.
+# Registered (with their defaults) in _settings.py.
 TIMEOUT_ENV = env.setting("STALL_TIMEOUT").name
 ABORT_ENV = env.setting("STALL_ABORT").name
 HEARTBEAT_ENV = env.setting("HEARTBEAT_TIMEOUT").name
@@ -436,8 +442,8 @@ class Inspector:
             )
 
     def _fail(self, message: str, local_only: bool = False, lost: bool = False) -> None:
-        from keras_mpfp16.runtime.failure import abort_job
-        from keras_mpfp16.runtime.launch import report_lost
+        from keras_mpfp16.runtime.supervision.failure import abort_job
+        from keras_mpfp16.runtime.supervision.launch_wrapper import report_lost
 
         if self._failed:
             return
@@ -521,7 +527,7 @@ def start(comm) -> Inspector | None:
 
 
 def _finish_at_exit(inspector: Inspector) -> None:
-    from keras_mpfp16.runtime.failure import exit_description
+    from keras_mpfp16.runtime.supervision.failure import exit_description
 
     inspector.finish(exit_description())
 

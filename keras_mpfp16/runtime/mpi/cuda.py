@@ -14,9 +14,9 @@ import ctypes
 import warnings
 from collections import Counter
 
-from keras_mpfp16.runtime import env
+from keras_mpfp16 import _settings as env
 
-ENV_OVERRIDE = "KERAS_MPFP16_CUDA_AWARE"  # registered in runtime.env
+ENV_OVERRIDE = "KERAS_MPFP16_CUDA_AWARE"  # registered in _settings.py
 
 # How many gradient collectives ran on each path: "device" (GPU memory handed
 # to MPI), "staged" (GPU tensors copied to the host first), "host" (host

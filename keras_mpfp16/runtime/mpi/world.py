@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from keras_mpfp16.runtime import launcher
+from keras_mpfp16.runtime.process import launcher_env as launcher
 
 _INSTALL_HINT = (
     "keras_mpfp16 needs mpi4py and an MPI library. On a machine without a system "
@@ -60,8 +60,8 @@ def barrier() -> None:
     release 0.2 documented it; it warns once per call site.
     """
     warnings.warn(
-        "keras_mpfp16.runtime.world.barrier is deprecated; use "
-        "keras_mpfp16.barrier() (keras_mpfp16.runtime.collectives.barrier).",
+        "keras_mpfp16.runtime.mpi.world.barrier is deprecated; use "
+        "keras_mpfp16.barrier() (keras_mpfp16.runtime.mpi.collectives.barrier).",
         DeprecationWarning,
         stacklevel=2,
     )
@@ -218,13 +218,3 @@ def launched_size() -> int:
         return _world.comm.Get_size()
     launch = launcher.detect()
     return launch.size if launch is not None else 1
-
-
-def launcher_local_size() -> int | None:
-    """Processes per node as announced by the launcher's environment, if any.
-
-    Read before MPI is initialised, so per-rank defaults (threads) can be set
-    before a backend starts its thread pools.
-    """
-    launch = launcher.detect()
-    return launch.local_size if launch is not None else None

@@ -28,7 +28,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from keras_mpfp16.runtime import env as _env
+from keras_mpfp16 import _settings as _env
 
 ALLOW_MISMATCH_ENV = _env.setting("ALLOW_SIZE_MISMATCH").name  # registered in env
 
@@ -299,3 +299,13 @@ def launcher_rank() -> int | None:
         if value.isdigit():
             return int(value)
     return None
+
+
+def launcher_local_size() -> int | None:
+    """Processes per node as announced by the launcher's environment, if any.
+
+    Read before MPI is initialised, so per-rank defaults (threads) can be set
+    before a backend starts its thread pools.
+    """
+    launch = detect()
+    return launch.local_size if launch is not None else None

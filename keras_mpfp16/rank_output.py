@@ -29,11 +29,11 @@ import builtins
 import os
 import sys
 
-from keras_mpfp16.runtime import env
-from keras_mpfp16.runtime.launcher import launcher_rank
+from keras_mpfp16 import _settings as env
+from keras_mpfp16.runtime.process.launcher_env import launcher_rank
 
-ENV_VAR = "KERAS_MPFP16_ALL_RANKS_OUTPUT"  # registered in runtime.env
-STDOUT_ENV_VAR = "KERAS_MPFP16_ROOT_STDOUT_ONLY"  # registered in runtime.env
+ENV_VAR = "KERAS_MPFP16_ALL_RANKS_OUTPUT"  # registered in _settings.py
+STDOUT_ENV_VAR = "KERAS_MPFP16_ROOT_STDOUT_ONLY"  # registered in _settings.py
 
 # Whether this module switched Keras's output off (so it may switch it back on
 # when the communicator says this process is the root after all).
@@ -51,7 +51,7 @@ def _root_stdout_only_requested() -> bool:
 def _this_rank() -> int | None:
     """The library's rank once MPI is initialised, else the launcher's (no
     MPI call); None outside an MPI launch."""
-    from keras_mpfp16.runtime import world
+    from keras_mpfp16.runtime.mpi import world
 
     if world.is_initialized():
         return world.rank()

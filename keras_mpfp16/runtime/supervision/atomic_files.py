@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 import threading
 
-from keras_mpfp16.runtime import timeline
-from keras_mpfp16.runtime.launcher import launcher_rank
+from keras_mpfp16.runtime.process.launcher_env import launcher_rank
+from keras_mpfp16.runtime.trace import timeline
 
 # Keras's save functions dispatch on these endings, so temporary names keep them.
 _SUFFIXES = (".weights.h5", ".keras", ".h5")

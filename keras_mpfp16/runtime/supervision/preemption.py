@@ -34,11 +34,13 @@ from typing import Any
 
 import numpy as np
 
-from keras_mpfp16.runtime import collectives, env, failure
+from keras_mpfp16 import _settings as env
+from keras_mpfp16.runtime.mpi import collectives
+from keras_mpfp16.runtime.supervision import failure
 
 PREEMPTED_EXIT_CODE = 75
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-# Registered in runtime.env.
+# Registered in _settings.py.
 ENABLE_ENV = env.setting("PREEMPTION").name
 DIR_ENV = env.setting("PREEMPTION_DIR").name
 DEFAULT_DIR = "keras_mpfp16_preemption"

@@ -38,9 +38,9 @@ import threading
 import time
 from contextlib import contextmanager
 
-from keras_mpfp16.runtime import env
+from keras_mpfp16 import _settings as env
 
-# Registered in runtime.env.
+# Registered in _settings.py.
 PATH_ENV = env.setting("TIMELINE").name
 STEPS_ENV = env.setting("TIMELINE_STEPS").name
 REPORT_ENV = env.setting("TIMELINE_REPORT").name
@@ -572,7 +572,7 @@ class Session:
     def __init__(self, path: str | None, window: Window):
         import socket
 
-        from keras_mpfp16.runtime import world
+        from keras_mpfp16.runtime.mpi import world
 
         world.init()
         self.path = os.fspath(path) if path is not None else None
@@ -594,7 +594,7 @@ class Session:
 
     def end_epoch(self, epoch: int, skips: int = 0) -> dict:
         """The epoch's report from every rank's records (collective)."""
-        from keras_mpfp16.runtime import scaling
+        from keras_mpfp16.runtime.trace import scaling
 
         mine = self.recorder.take_records()
         everyone = self.comm.allgather(mine) if self.comm is not None else [mine]

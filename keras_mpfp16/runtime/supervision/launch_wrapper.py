@@ -1,0 +1,142 @@
+"""`python -m keras_mpfp16.runtime.launch mpirun ...`: a job that lost a node ends.
+
+When a node's link is cut, the library's heartbeats end every rank within
+`KERAS_MPFP16_HEARTBEAT_TIMEOUT` (30 s) naming the lost rank and host, and
+rank 0 calls `MPI_Abort` — but Open MPI's `mpirun` then waits for the lost
+node's daemon forever (measured: still running 90 s after the cut, with
+`MPI_Abort` called 1 s after it), and with TCP keepalive flags it ends with
+status 0. A batch job would sit until its time limit, or report success.
+
+This wrapper runs the launcher command it is given and tells the ranks
+(environment variable `KERAS_MPFP16_LAUNCH_VERDICT`, exported with `-x` to
+`mpirun`/`mpiexec`) a file to write when a rank declares another one lost.
+The verdict is written by any rank that can see the file (a rank on the
+wrapper's node; any rank with a shared filesystem). Once it exists, the
+wrapper gives the launcher `GRACE` seconds to end, kills it (its whole
+process group) if it has not, prints the verdict and exits with
+`NODE_LOST_EXIT_CODE` (69, `EX_UNAVAILABLE` of `sysexits.h`), even if the
+launcher itself exited 0. Without a verdict it exits with the launcher's
+status (128+n for a launcher killed by signal n).
+
+Signals: SIGINT, SIGUSR1 and SIGUSR2 are passed on to the launcher; SIGTERM
+is passed on as **SIGUSR1**, because `mpirun` kills its ranks about 0.5 s
+after a SIGTERM while it forwards SIGUSR1 and waits — so a Slurm
+preemption warning reaches the ranks as a request to stop at a step
+(`training.preemption`).
+
+Nothing here imports Keras (the package's `__init__` still does, when run
+with `-m`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+from keras_mpfp16 import _settings as env
+
+VERDICT_ENV = env.setting("LAUNCH_VERDICT").name  # registered in _settings.py
+NODE_LOST_EXIT_CODE = 69
+GRACE = 5.0  # seconds the launcher may take to end by itself after a verdict
+_MPI_LAUNCHERS = ("mpirun", "mpiexec", "prterun", "orterun")
+
+
+def report_lost(message: str) -> None:
+    """From a rank: records that a rank or node is lost, for the wrapper.
+
+    Does nothing when not run under the wrapper or when the wrapper's
+    directory is not visible from this node (another machine).
+    """
+    path = env.get("LAUNCH_VERDICT") or ""
+    if not path or not os.path.isdir(os.path.dirname(path)):
+        return
+    try:
+        tmp = f"{path}.{os.getpid()}"
+        with open(tmp, "w") as f:
+            f.write(message)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # the rank is ending anyway; the launcher's status is the fallback
+
+
+def _command(argv: list[str]) -> list[str]:
+    if os.path.basename(argv[0]) in _MPI_LAUNCHERS:
+        return [argv[0], "-x", VERDICT_ENV, *argv[1:]]
+    return list(argv)
+
+
+def _status(code: int) -> int:
+    return 128 - code if code < 0 else code
+
+
+def run(argv: list[str], grace: float = GRACE) -> int:
+    """Runs the launcher command `argv`; returns the status to exit with."""
+    if not argv:
+        raise SystemExit(
+            "usage: python -m keras_mpfp16.runtime.launch mpirun -np N ... "
+            "python train.py"
+        )
+    directory = tempfile.mkdtemp(prefix="kmp-launch-")
+    verdict = os.path.join(directory, "verdict")
+    env = {**os.environ, VERDICT_ENV: verdict}
+    proc = subprocess.Popen(_command(argv), env=env, start_new_session=True)
+
+    def forward(signum, frame):
+        sent = signal.SIGUSR1 if signum == signal.SIGTERM else signum
+        try:
+            os.kill(proc.pid, sent)
+        except ProcessLookupError:
+            pass
+
+    forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+    previous = {sig: signal.signal(sig, forward) for sig in forwarded}
+    try:
+        seen, killed = None, False
+        while True:
+            code = proc.poll()
+            if seen is None and os.path.exists(verdict):
+                seen = time.monotonic()
+            if code is not None:
+                break
+            if seen is not None and time.monotonic() - seen >= grace:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                killed = True
+                break
+            time.sleep(0.2)
+        if seen is None and os.path.exists(verdict):
+            seen = time.monotonic()
+        if seen is None:
+            return _status(proc.returncode)
+        with open(verdict) as f:
+            message = f.read().strip()
+        if killed:
+            ended = f"did not end within {grace:g}s of it and was killed"
+        else:
+            ended = f"ended with status {_status(proc.returncode)}"
+        sys.stderr.write(
+            f"keras_mpfp16.runtime.launch: {message}\n"
+            f"keras_mpfp16.runtime.launch: the job lost a rank; the launcher "
+            f"{ended}; exiting with status {NODE_LOST_EXIT_CODE}.\n"
+        )
+        return NODE_LOST_EXIT_CODE
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    sys.exit(run(argv))
+
+
+if __name__ == "__main__":
+    main()
