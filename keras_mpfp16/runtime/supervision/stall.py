@@ -51,6 +51,7 @@ from contextlib import contextmanager
 
 from keras_mpfp16 import _settings as env
 from keras_mpfp16 import _validate
+from keras_mpfp16.runtime.supervision import launcher_daemon
 from keras_mpfp16.runtime.supervision.stall_diagnosis import (
     cause_different,
     cause_finished,
@@ -461,6 +462,10 @@ class Inspector:
             recorder.flush()
         if lost:  # the launcher may never end by itself: tell the wrapper
             report_lost(f"{head}: {message}")
+            # ... and end a plain mpirun waiting for the lost node's daemon.
+            launcher_daemon.end_later(
+                env.get("END_LAUNCHER_AFTER"), self.where(self.rank)
+            )
         abort_job(1)
 
 
