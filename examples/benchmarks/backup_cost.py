@@ -14,7 +14,8 @@ fit is the slowest rank's mean seconds per step over its steps after the
 first 3 (backup steps included: that is the cost). The cost is the median
 of per-round on/off ratios, minus 1. Also reported: the backups each "on"
 fit wrote (rank 0 counts the renames it sees) and the time the in-step copy
-takes (rank 0, best of 20).
+takes (rank 0, best of 20, after the warm-up). The JSON is rewritten
+after every round (`complete: false` until the end).
 
 Prints each round's figures and a JSON summary (written to --out too).
 """
@@ -94,8 +95,21 @@ def main():
             writes.append(len(counter.seen))
         return float(kmp.allreduce(np.float64(timer.seconds_per_step(3)), op="max"))
 
+    def write_summary(raw, copy_s, final):
+        if rank != 0 or not raw["on"]:
+            return
+        summary = _summary(args, n, raw, writes, copy_s, final)
+        if final:
+            print(json.dumps(summary), flush=True)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(summary, f, indent=1)
+
     one_fit(False, -1)  # warm-up: tracing, first epoch
     one_fit(True, -1)
+    copy_s = None  # the in-step copy alone (rank 0)
+    if rank == 0:
+        copy_s = best_of(lambda: keras_internals.snapshot_weights(model), 20)
     raw = {"off": [], "on": []}
     for r in range(args.rounds):
         order = ("off", "on") if r % 2 == 0 else ("on", "off")
@@ -107,12 +121,15 @@ def main():
                 f"on={raw['on'][-1] * 1e3:.1f} ms/step",
                 flush=True,
             )
-    copy_s = None
+        write_summary(raw, copy_s, final=False)  # kept if the run is cut short
     if rank == 0:
-        copy_s = best_of(lambda: keras_internals.snapshot_weights(model), 20)
         shutil.rmtree(base, ignore_errors=True)
+    write_summary(raw, copy_s, final=True)
+
+
+def _summary(args, n, raw, writes, copy_s, final):
     ratios = [a / b for a, b in zip(raw["on"], raw["off"])]
-    summary = {
+    return {
         "ranks": n,
         "rounds": args.rounds,
         "steps_per_fit": args.steps,
@@ -124,14 +141,10 @@ def main():
         "ratios": ratios,
         "backups_seen_per_on_fit": writes[1:],  # rank 0; warm-up left out
         "in_step_copy_s": copy_s,
+        "complete": final,
         "load_1min_at_end": os.getloadavg()[0],
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    if rank == 0:
-        print(json.dumps(summary), flush=True)
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump(summary, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -469,6 +469,15 @@ class Inspector:
         abort_job(1)
 
 
+# How to get MPI_THREAD_MULTIPLE, per MPI (also in the doctor and docs).
+THREAD_LEVEL_FIX = (
+    "To get MPI_THREAD_MULTIPLE: do not lower mpi4py's request (mpi4py.rc."
+    "thread_level / MPI4PY_RC_THREAD_LEVEL, default 'multiple'); Cray MPICH: "
+    "export MPICH_MAX_THREAD_SAFETY=multiple; Open MPI, MPICH, MVAPICH, Intel "
+    "MPI: a library built with thread support (Open MPI >= 3.0 is by "
+    "default). `python -m keras_mpfp16 doctor` shows the level."
+)
+
 _inspector: Inspector | None = None
 _thread_level_warned = False
 
@@ -490,11 +499,15 @@ def _thread_level_ok(comm) -> bool:
         }
         low = sorted({r for r, lv in enumerate(everyone) if lv < MPI.THREAD_MULTIPLE})
         sys.stderr.write(
-            "keras_mpfp16: the stall inspector and network heartbeats are OFF: "
-            f"MPI runs at thread level {names.get(min(everyone), min(everyone))} "
+            "keras_mpfp16 WARNING: the stall inspector and network heartbeats are "
+            f"OFF: MPI runs at thread level {names.get(min(everyone), min(everyone))} "
             f"on ranks {low}, and they call MPI from a second thread, which needs "
-            "MPI_THREAD_MULTIPLE (mpi4py's default: do not lower "
-            "mpi4py.rc.thread_level). Hangs will not be reported or ended.\n"
+            "MPI_THREAD_MULTIPLE. For this job:\n"
+            "  - a hang is not reported or ended, and a lost node or rank is "
+            "never detected: the job waits for it forever;\n"
+            "  - `evaluate` called on every rank is not split: every rank "
+            "evaluates its own data alone (the evaluate rendezvous is off too).\n"
+            f"  {THREAD_LEVEL_FIX}\n"
         )
         sys.stderr.flush()
     _thread_level_warned = True
