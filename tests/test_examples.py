@@ -209,19 +209,33 @@ def test_scaling_study_smoke(tmp_path):
 
 
 def test_gpu_bench_smoke(tmp_path):
+    """The prepared GPU measurement runs end to end on a CPU (tiny sizes):
+    every speed configuration and the drift test, one JSON."""
     import json
 
     out_json = tmp_path / "gpu_bench.json"
-    run_python("benchmarks/gpu_bench.py", "--smoke", "--out", out_json, timeout=300)
-    results = json.loads(out_json.read_text())["results"]
-    assert {(r["policy"], r["layer"]) for r in results} == {
-        (p, layer)
-        for p in ("float32", "mixed_float16", "mixed_bfloat16")
-        for layer in ("keras-nocudnn", "mpfp16")
+    run_python("benchmarks/gpu_bench.py", "--smoke", "--out", out_json, timeout=900)
+    summary = json.loads(out_json.read_text())
+    assert not summary["errors"] and not summary["skipped"], summary
+    speed = {r["config"]: r for r in summary["results"] if r["part"] == "speed"}
+    assert set(speed) == {
+        "keras-f16",
+        "keras-f32-tf32",
+        "keras-f32-notf32",
+        "ours",
+        "ours-rec-split",
+        "ours-rec-compute",
+        "ours-in-compute",
+        "ours-notf32",
     }
-    for r in results:
-        assert "error" not in r, r
+    for r in speed.values():
         assert r["step_s"] > 0 and math.isfinite(r["loss"]), r
+    assert speed["ours"]["recurrence_path"] == "loop"  # no GPU here
+    assert set(summary["step_time_over_keras_f16"]) == set(speed)
+    drift = [r for r in summary["results"] if r["part"] == "drift"]
+    assert {(r["layer"], r["T"]) for r in drift} == {("lstm", 32), ("gru", 32)}
+    for r in drift:
+        assert all(math.isfinite(e) for e in r["err_vs_f32_notf32"].values()), r
 
 
 @pytest.mark.mpi

@@ -286,3 +286,39 @@ def test_emulated_tf32_rounds_only_the_chosen_float32_products():
     np.testing.assert_allclose(exact, rounded, rtol=0.02, atol=2e-3)
     assert keras.ops.matmul is tf32_emulation._src_ops.matmul  # restored
     np.testing.assert_array_equal(np.asarray(layer(x)), exact)
+
+
+# -- XLA ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_float16", "mixed_bfloat16"])
+def test_jit_compile_keeps_xla_and_the_numbers(policy):
+    """`jit_compile=True` with both layers: Keras keeps XLA on (the model
+    compiles), and three training steps give the same losses and predictions
+    as without XLA, within float32 rounding."""
+    keras.config.set_dtype_policy(policy)
+    try:
+        rng = np.random.default_rng(5)
+        x = rng.normal(size=(4, 20, 5)).astype("float32")
+        y = rng.normal(size=(4, 1)).astype("float32")
+        results = {}
+        for jit in (False, True):
+            keras.utils.set_random_seed(0)
+            model = keras.Sequential(
+                [
+                    keras.Input((20, 5)),
+                    mp_layers.LSTM(8, return_sequences=True),
+                    mp_layers.GRU(8),
+                    keras.layers.Dense(1, dtype="float32"),
+                ]
+            )
+            model.compile(optimizer="adam", loss="mse", jit_compile=jit)
+            losses = [float(model.train_on_batch(x, y)) for _ in range(3)]
+            results[jit] = (losses, np.asarray(model.predict_on_batch(x)))
+            assert model.jit_compile is jit
+    finally:
+        keras.config.set_dtype_policy("float32")
+    np.testing.assert_allclose(results[True][0], results[False][0], rtol=1e-5)
+    np.testing.assert_allclose(
+        results[True][1], results[False][1], rtol=1e-4, atol=1e-5
+    )

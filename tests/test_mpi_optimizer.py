@@ -111,5 +111,6 @@ def test_jit_compile_true_warns_once_and_trains():
     recs = ok(result)
     assert all(r["results"]["float32"]["jit"] is False for r in recs)
     assert len({r["results"]["float32"]["digest"] for r in recs}) == 1
-    # One warning per rank, naming the reason.
-    assert result.stderr.count("XLA compilation (jit_compile) is turned off") == 2
+    # One warning per job (rank 0's: every rank made the same choice),
+    # naming the reason.
+    assert result.stderr.count("XLA compilation (jit_compile) is turned off") == 1

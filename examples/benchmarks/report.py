@@ -1038,6 +1038,51 @@ def layers_tf32(folder):
     )
 
 
+@table("layers_xla")
+def layers_xla(folder):
+    """XLA vs no XLA, ours vs Keras's layer, CPU train steps."""
+    d = load(folder, "layers_xla.json")
+    a = d["args"]
+    labels = [
+        "ours+xla / ours",
+        "ours+xla / keras+xla",
+        "ours+xla / keras",
+        "keras+xla / keras",
+    ]
+    rows = []
+    for r in d["results"]:
+        kept = r["xla_kept"]
+        diff = r["max_abs_diff_xla_vs_not"]
+        rows.append(
+            [
+                r["layer"].upper(),
+                r["policy"],
+                "yes" if kept["ours+xla"] and kept["keras+xla"] else "NO",
+                f"{diff['ours']:.1e}",
+                f"{diff['keras']:.1e}",
+                *(f"{r['ratios'][k]['median']:.2f}" for k in labels),
+            ]
+        )
+    load_avg = d["load_average_at_end"][0]
+    return (
+        f"*{d['date']}, {a['rounds']} rounds of {a['steps']} steps, "
+        f"{d['seconds']:.0f} s, load average {load_avg:.0f} on "
+        f"{d['machine'].split(', ')[1]} at the end; batch {a['batch']}, "
+        f"{a['length']} steps, {a['features']} features, {a['units']} units*\n\n"
+        + md(
+            [
+                "layer",
+                "policy",
+                "XLA kept",
+                "max abs diff XLA vs not, ours",
+                "same, Keras",
+                *(f"median {k}" for k in labels),
+            ],
+            rows,
+        )
+    )
+
+
 def speed(folder, name):
     d = load(folder, name)
     return d, {(r["layer"], r["policy"], r["impl"]): r for r in d["results"]}

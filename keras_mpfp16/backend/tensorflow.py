@@ -135,7 +135,11 @@ def check_replicas(variables, step, every: int) -> None:
     variables = list(variables)
 
     def host(step, *arrays):
-        sums = collectives.allgather_object(_checksum(arrays), name="replica checksum")
+        mine = _checksum(arrays)
+        # O(1) bytes per rank at any N; the checksums only on a mismatch.
+        if collectives.same_on_all_ranks(mine, name="replica checksum"):
+            return np.bool_(True)
+        sums = collectives.allgather_object(mine, name="replica checksums")
         odd = [r for r, c in enumerate(sums) if c != sums[0]]
         if odd:
             raise RuntimeError(

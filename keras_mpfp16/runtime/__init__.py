@@ -29,6 +29,7 @@ from keras_mpfp16.runtime.mpi.collectives import (
     barrier,
     broadcast,
     broadcast_arrays,
+    same_on_all_ranks,
     validate_op,
 )
 from keras_mpfp16.runtime.mpi.cuda import cuda_aware
@@ -43,6 +44,7 @@ from keras_mpfp16.runtime.mpi.world import (
     rank,
     shutdown,
     size,
+    warn_once_per_job,
 )
 from keras_mpfp16.runtime.process.threads import apply_thread_defaults
 

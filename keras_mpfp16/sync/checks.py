@@ -25,8 +25,10 @@ def variable_signature(variables) -> list[tuple]:
 def check_signatures(mine: list[tuple], what: str = "trainable variables") -> None:
     """All ranks must hold the same variables (count, shapes, dtypes).
 
-    One allgather of every rank's `(path, shape, dtype)` list. Variable names
-    may differ between ranks (build order); shapes and dtypes may not.
+    One allreduce of a digest of the `(shape, dtype)` list (O(1) bytes per
+    rank at any N); only when the ranks differ is every rank's list
+    allgathered, for the message. Variable names may differ between ranks
+    (build order); shapes and dtypes may not.
 
     Args:
         mine: This rank's `variable_signature(...)`.
@@ -36,7 +38,10 @@ def check_signatures(mine: list[tuple], what: str = "trainable variables") -> No
         ValueError: on every rank, naming the first variable that differs from
             rank 0's and the counts on both ranks.
     """
-    everyone = runtime.allgather_object(mine, name="model signature check")
+    shapes = [tuple(s[1:]) for s in mine]
+    if runtime.same_on_all_ranks(shapes, name="model signature check"):
+        return
+    everyone = runtime.allgather_object(mine, name="model signatures")
     ref = everyone[0]
     for r, sig in enumerate(everyone[1:], start=1):
         if [s[1:] for s in sig] == [s[1:] for s in ref]:
@@ -70,7 +75,10 @@ def check_equal_steps(steps) -> None:
         steps: This rank's steps per epoch (Keras's `params["steps"]`), or
             None when unknown (then no rank's count is compared).
     """
-    table = runtime.allgather(np.int64(-1 if steps is None else steps))
+    mine = -1 if steps is None else int(steps)
+    if runtime.same_on_all_ranks(mine, name="equal steps check"):
+        return  # O(1) bytes per rank; the table only when ranks differ
+    table = runtime.allgather(np.int64(mine))
     if (table >= 0).all() and len(set(table.tolist())) > 1:
         raise ValueError(
             "Ranks would run different numbers of training steps per epoch: "

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import sys
 import types
-import warnings
 import zlib
 from typing import Any
 
@@ -214,7 +213,7 @@ def build_before_fit(model, arguments: dict) -> bool:
             why = f"{type(exc).__name__}: {exc}"
     if is_built(model):
         return True
-    warnings.warn(_DEFERRED_SYNC_WARNING.format(why=why), stacklevel=3)
+    runtime.warn_once_per_job(_DEFERRED_SYNC_WARNING.format(why=why), stacklevel=3)
     return False
 
 

@@ -21,10 +21,10 @@ silently does nothing.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 
 from keras_mpfp16.internals import keras as keras_internals
+from keras_mpfp16.runtime.mpi.world import warn_once_per_job
 
 _XLA_WARNING = (
     "keras_mpfp16: XLA compilation (jit_compile) is turned off for this model: "
@@ -37,7 +37,8 @@ _XLA_WARNING = (
 def guard_jit(model, what: str) -> None:
     """Turns XLA off for `model`: an in-step MPI call cannot be XLA-compiled."""
     if getattr(model, "jit_compile", False):
-        warnings.warn(
+        # Every rank runs the same script: said once per job, by rank 0.
+        warn_once_per_job(
             f"keras_mpfp16: {what} turns off XLA (jit_compile) for this model: "
             "the metric reduction is an MPI call from the host inside the step, "
             "which XLA cannot compile.",
@@ -68,7 +69,7 @@ def install_jit_guard(needs_guard: Callable[[object], bool]) -> bool:
             if needs_guard(model):
                 if not warned:
                     warned.append(True)
-                    warnings.warn(_XLA_WARNING, stacklevel=3)
+                    warn_once_per_job(_XLA_WARNING, stacklevel=3)
                 return False
             return original(model)
 

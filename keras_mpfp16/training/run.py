@@ -18,6 +18,7 @@ two callbacks it adds bracket the user's:
 from __future__ import annotations
 
 import contextlib
+import warnings
 import weakref
 from collections.abc import Iterator
 
@@ -39,6 +40,22 @@ from keras_mpfp16.training import preemption as training_preemption
 
 _reductions: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _OWNER = "keras_mpfp16.training"
+# Keras's epoch iterator warns "Your input ran out of data; interrupting
+# training" when a rank's part of split evaluation data has fewer batches
+# than it expected or none at all (fewer batches than ranks). The split made
+# it so on purpose and the summed metrics are still exact, so the warning is
+# wrong there; printed by each such rank, it was N - batches copies of one
+# false alarm per job (issue 31: 11 of them at N = 24).
+_RAN_OUT = "Your input ran out of data"
+
+
+@contextlib.contextmanager
+def split_evaluation_quiet() -> Iterator[None]:
+    """Hides Keras's "ran out of data" warning while this rank evaluates its
+    part of split data (which may be empty); every other warning shows."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_RAN_OUT)
+        yield
 
 
 def reduction_for(model) -> MetricReduction:
@@ -82,6 +99,8 @@ class DistributedRun:
         self.reduction = reduction_for(model)
         self.check_steps = True
         self.baseline: list | None = None  # epoch-mode averaging
+        self.validation_split = False  # validation data dealt over the ranks
+        self._quiet: contextlib.ExitStack | None = None
 
     @property
     def epoch_mode(self) -> bool:
@@ -160,6 +179,7 @@ class DistributedRun:
         else:
             arguments["validation_data"] = (part.x, part.y, part.sample_weight)
         arguments["validation_steps"] = part.steps
+        self.validation_split = part.how == "split"
 
     # -- epoch-mode averaging ---------------------------------------------------
 
@@ -183,6 +203,14 @@ class _RunFirst(keras.callbacks.Callback):
         # Every rank enters the evaluation, even one without batches, so
         # every rank joins the end-of-evaluation protocol.
         self.run.reduction.finish_pending = True
+        if self.run.training and self.run.validation_split:
+            self.run._quiet = contextlib.ExitStack()
+            self.run._quiet.enter_context(split_evaluation_quiet())
+
+    def on_test_end(self, logs=None):
+        if self.run._quiet is not None:
+            self.run._quiet.close()
+            self.run._quiet = None
 
     def on_epoch_end(self, epoch, logs=None):
         self.run.average_now()  # before checkpoints write the model
@@ -256,7 +284,11 @@ def evaluate_run(arguments: dict) -> Iterator[dict]:
     )
     arguments["callbacks"] = run.callbacks(arguments.get("callbacks"))
     run.reduction.set_active(True)
+    quiet = (
+        split_evaluation_quiet() if part.how == "split" else contextlib.nullcontext()
+    )
     try:
-        yield arguments
+        with quiet:
+            yield arguments
     finally:
         run.reduction.set_active(False)

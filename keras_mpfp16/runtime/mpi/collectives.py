@@ -250,6 +250,41 @@ def allgather_object(obj: Any, name: str = "allgather (objects)") -> list:
         return w.comm.allgather(obj)
 
 
+_DIGEST_MASK = (1 << 62) - 1
+
+
+def digest_of(obj: Any) -> int:
+    """A 62-bit digest of `repr(obj)` (the same on every rank for equal values
+    of plain types: tuples, numbers, strings)."""
+    import hashlib
+
+    raw = hashlib.blake2b(repr(obj).encode(), digest_size=8).digest()
+    return int.from_bytes(raw, "little") & _DIGEST_MASK
+
+
+def same_on_all_ranks(value: Any, name: str = "agreement") -> bool:
+    """Whether every rank passed an equal `value` (compared by `digest_of`).
+
+    One `Allreduce(MAX)` of two int64 (the digest and its negation: the
+    maximum and minus the minimum at once), so each rank sends and receives
+    O(1) bytes whatever the number of ranks, where an allgather of the values
+    moves O(N) bytes to every rank. The answer is the same on every rank, so
+    callers that need the values for an error message can then allgather them
+    together, on the failure path only.
+    """
+    w = world()
+    if w.comm.Get_size() == 1:
+        return True
+    from mpi4py import MPI
+
+    d = digest_of(value)
+    send = np.array([d, -d], np.int64)
+    out = np.empty_like(send)
+    with stall.collective(name):
+        w.comm.Allreduce(send, out, op=MPI.MAX)
+    return int(out[0]) == -int(out[1])
+
+
 def _check_root(root: int, n: int) -> None:
     if not isinstance(root, (int, np.integer)) or not 0 <= root < n:
         raise ValueError(f"root must be a rank in [0, {n - 1}]; received {root!r}.")
@@ -329,6 +364,8 @@ __all__ = [
     "allreduce_sum_into",
     "alltoall_into",
     "broadcast",
+    "digest_of",
+    "same_on_all_ranks",
     "broadcast_arrays",
     "divide_by_size",
     "validate_op",

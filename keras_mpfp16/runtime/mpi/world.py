@@ -218,3 +218,25 @@ def launched_size() -> int:
         return _world.comm.Get_size()
     launch = launcher.detect()
     return launch.size if launch is not None else 1
+
+
+def launched_rank() -> int:
+    """This process's rank without any collective call (see `launched_size`)."""
+    if _world is not None:
+        return _world.comm.Get_rank()
+    r = launcher.launcher_rank()
+    return r if r is not None else 0
+
+
+def warn_once_per_job(
+    message: str, category: type[Warning] = UserWarning, stacklevel: int = 2
+) -> None:
+    """`warnings.warn` on rank 0 only, for a condition every rank shares (the
+    same script made the same choice): one copy per job instead of N.
+
+    Makes no MPI call. Issue 31: at N = 24 a warning every rank gives is 24
+    copies of one line.
+    """
+    if launched_rank() != 0:
+        return
+    warnings.warn(message, category, stacklevel=stacklevel + 1)

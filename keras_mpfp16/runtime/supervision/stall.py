@@ -147,6 +147,10 @@ class Inspector:
             min(1.0, max(_POLL, heartbeat / 10.0)) if heartbeat else float("inf")
         )
         self._failed = False
+        # Point-to-point messages this rank's watcher sent and received, by
+        # kind ("Beat", "Wait", ...): what the inspector costs (docs/scaling.md).
+        self.sent: dict[str, int] = {}
+        self.received: dict[str, int] = {}
         self._thread = threading.Thread(
             target=self._run, name="keras_mpfp16-stall", daemon=True
         )
@@ -229,6 +233,8 @@ class Inspector:
         with self._send_lock:
             self._prune()
             self._pending.append(self.comm.isend((self.rank, msg), dest=dest, tag=_TAG))
+            kind = type(msg).__name__
+            self.sent[kind] = self.sent.get(kind, 0) + 1
 
     def _send(self, msg) -> None:
         """A report to rank 0 (applied directly on rank 0)."""
@@ -303,6 +309,8 @@ class Inspector:
         while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=_TAG, status=status):
             rank, msg = self.comm.recv(source=status.Get_source(), tag=_TAG)
             self._heard[rank] = time.monotonic()
+            kind = type(msg).__name__
+            self.received[kind] = self.received.get(kind, 0) + 1
             if self.rank == 0 and not isinstance(msg, Beat):
                 self._update(rank, msg)
 
