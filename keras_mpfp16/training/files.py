@@ -259,6 +259,7 @@ class SafeBackupAndRestore(CallbackWrapper):
         self._deferred = False
         self.backups_written = 0  # complete backups swapped in (this object)
         self.backups_deferred = 0  # step-level backups taken late (a write ran)
+        self.job = None  # the writer record stored with each backup (a dict)
 
     # -- restore -------------------------------------------------------------
 
@@ -319,14 +320,17 @@ class SafeBackupAndRestore(CallbackWrapper):
         is set too: Keras's own count is wrong for a mid-epoch save in the
         first epoch after a restore."""
         metrics = self.metric_state() if self.metric_state is not None else []
+        record = {
+            "epoch": self._epoch,
+            "steps_done": self._steps,
+            "metrics": [float(v) for v in metrics] if self._steps else [],
+        }
+        if self.job is not None:
+            record["writer"] = self.job
         return {
             "epoch": self._epoch,
             "batch": max(self._steps - 1, 0),
-            _RESUME_KEY: {
-                "epoch": self._epoch,
-                "steps_done": self._steps,
-                "metrics": [float(v) for v in metrics] if self._steps else [],
-            },
+            _RESUME_KEY: record,
         }
 
     def _back_up_in_background(self) -> None:
