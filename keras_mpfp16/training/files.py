@@ -52,6 +52,7 @@ from keras_mpfp16.callbacks.root_only import RootOnly
 from keras_mpfp16.callbacks.wrapper import CallbackWrapper
 from keras_mpfp16.internals import keras as keras_internals
 from keras_mpfp16.optimizer import DistributedOptimizer
+from keras_mpfp16.runtime import trace
 from keras_mpfp16.runtime.mpi import world
 from keras_mpfp16.runtime.supervision.atomic_files import (
     atomic_write,
@@ -59,7 +60,6 @@ from keras_mpfp16.runtime.supervision.atomic_files import (
     fsync_file,
     in_atomic_write,
 )
-from keras_mpfp16.runtime.trace import timeline
 
 # Callbacks whose only effect is writing files (or sending logs out): one
 # writer per job. The first two keep state users read after fit: on ranks
@@ -336,7 +336,7 @@ class SafeBackupAndRestore(CallbackWrapper):
     def _back_up_in_background(self) -> None:
         """Rank 0, in the step: copies the state to host memory and starts
         its write (the previous write has finished)."""
-        recorder = timeline.active()
+        recorder = trace.active()
         if recorder is None:
             weights = keras_internals.snapshot_weights(self.model)
         else:
@@ -363,7 +363,7 @@ class SafeBackupAndRestore(CallbackWrapper):
         when it is on disk."""
         self._writes.wait()
         self._epoch, self._steps = int(epoch), int(steps_done)
-        recorder = timeline.active()
+        recorder = trace.active()
         if recorder is None:
             self._write_now()
             return

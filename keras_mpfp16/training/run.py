@@ -29,9 +29,8 @@ from keras_mpfp16.callbacks.global_metrics import GlobalMetrics
 from keras_mpfp16.callbacks.timeline import Timeline
 from keras_mpfp16.data.split import split_for_evaluation
 from keras_mpfp16.internals import keras as keras_internals
-from keras_mpfp16.runtime import progress
+from keras_mpfp16.runtime import progress, trace
 from keras_mpfp16.runtime.supervision import preemption
-from keras_mpfp16.runtime.trace import timeline
 from keras_mpfp16.sync import replica
 from keras_mpfp16.sync.checks import check_equal_steps
 from keras_mpfp16.sync.metric_reduction import MetricReduction
@@ -227,7 +226,7 @@ class _RunLast(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         model = self.run.model
         replica.agree_on_initial_epoch(model)
-        recorder = timeline.active()
+        recorder = trace.active()
         if recorder is None:
             replica.sync_from_root(model)
         else:

@@ -12,8 +12,8 @@ import os
 import re
 import threading
 
+from keras_mpfp16.runtime import trace
 from keras_mpfp16.runtime.process.launcher_env import launcher_rank
-from keras_mpfp16.runtime.trace import timeline
 
 # Keras's save functions dispatch on these endings, so temporary names keep them.
 _SUFFIXES = (".weights.h5", ".keras", ".h5")
@@ -143,7 +143,7 @@ def atomic_write(filepath: str, write) -> None:
         write: `path -> None`, e.g. `lambda p: model.save(p)`.
     """
     filepath = os.fspath(filepath)
-    recorder = timeline.active()
+    recorder = trace.active()
     if recorder is None or _writing.depth:
         _atomic_write(filepath, write)
         return
