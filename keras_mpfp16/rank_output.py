@@ -40,8 +40,8 @@ from keras_mpfp16 import _settings as env
 from keras_mpfp16.internals import keras as keras_internals
 from keras_mpfp16.runtime.process.launcher_env import launcher_rank
 
-ENV_VAR = "KERAS_MPFP16_ALL_RANKS_OUTPUT"  # registered in _settings.py
-STDOUT_ENV_VAR = "KERAS_MPFP16_ROOT_STDOUT_ONLY"  # registered in _settings.py
+ENV_VAR = env.setting("ALL_RANKS_OUTPUT").name
+STDOUT_ENV_VAR = env.setting("ROOT_STDOUT_ONLY").name
 
 # Whether this module switched Keras's output off (so it may switch it back on
 # when the communicator says this process is the root after all).
