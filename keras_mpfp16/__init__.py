@@ -16,96 +16,52 @@ Importing the package registers its Keras objects for `.keras` files. The
 # The one source of the version (pyproject.toml reads it from here).
 __version__ = "0.2.0"
 
-# Thread defaults must be in the environment before the backend starts its
-# thread pools, i.e. before the first tensor operation: do it first.
-from keras_mpfp16.runtime.process import threads as _threads
+import sys as _sys
 
-_threads.apply_thread_defaults()
-
-# Likewise CUDA_VISIBLE_DEVICES, when asked to (KERAS_MPFP16_BIND_GPUS=1):
-# before Keras, hence TensorFlow, is imported here.
-from keras_mpfp16.backend.devices import bind_gpus  # noqa: E402
-from keras_mpfp16.runtime.process import gpus as _gpus  # noqa: E402
-
-if _gpus.bind_requested():
-    bind_gpus()
-
-# Before anything else can print (e.g. `model.summary()` before the optimizer
-# exists): silence the ranks the MPI launcher says are not rank 0 (no MPI call).
-from keras_mpfp16 import rank_output as _rank_output  # noqa: E402
-
-_rank_output.quiet_non_root_ranks_early()
-
-from keras_mpfp16 import (  # noqa: E402
-    callbacks,
-    config,
-    data,
-    layers,
-    optimizer,
-    runtime,
-    training,
+# `python -m <one of these> ...`: processes that supervise a launcher and
+# need neither Keras nor TensorFlow nor MPI.
+_SUPERVISOR_MODULES = (
+    "keras_mpfp16.runtime.launch",
+    "keras_mpfp16.runtime.supervision.launch_wrapper",
 )
-from keras_mpfp16.callbacks import print_once, root_stdout_only  # noqa: E402
-from keras_mpfp16.data import shard  # noqa: E402
-from keras_mpfp16.optimizer import DistributedOptimizer, broadcast_variables  # noqa: E402
-from keras_mpfp16.runtime import (  # noqa: E402
-    allgather,
-    allreduce,
-    barrier,
-    broadcast,
-    cuda_aware,
-    init,
-    is_root,
-    local_rank,
-    local_size,
-    rank,
-    size,
-)
-from keras_mpfp16.runtime.supervision.preemption import PREEMPTED_EXIT_CODE, Preempted  # noqa: E402
-from keras_mpfp16.training import (  # noqa: E402
-    distributed_evaluate,
-    distributed_fit,
-    split_predict,
-)
-from keras_mpfp16.training import install as install_keras_patches  # noqa: E402
-from keras_mpfp16.training import uninstall as uninstall_keras_patches  # noqa: E402
-from keras_mpfp16.training.patches import install_from_env as _install_from_env  # noqa: E402
-
-# fit/evaluate of DistributedOptimizer models run as one job on all ranks
-# (every Keras patch: training.patches; KERAS_MPFP16_PATCH_KERAS=0 skips them).
-_install_from_env()
 
 
-__all__ = [
-    "PREEMPTED_EXIT_CODE",
-    "DistributedOptimizer",
-    "Preempted",
-    "callbacks",
-    "config",
-    "data",
-    "layers",
-    "shard",
-    "allgather",
-    "allreduce",
-    "barrier",
-    "bind_gpus",
-    "broadcast",
-    "broadcast_variables",
-    "cuda_aware",
-    "distributed_evaluate",
-    "distributed_fit",
-    "init",
-    "install_keras_patches",
-    "is_root",
-    "local_rank",
-    "local_size",
-    "optimizer",
-    "print_once",
-    "rank",
-    "root_stdout_only",
-    "runtime",
-    "size",
-    "split_predict",
-    "training",
-    "uninstall_keras_patches",
-]
+def _started_as_supervisor() -> bool:
+    """True while `python -m keras_mpfp16.runtime.launch ...` starts.
+
+    Python imports a `-m` module's parent packages (this one first) while
+    `sys.argv[0]` is still `"-m"`; `sys.orig_argv` names the module.
+    """
+    if _sys.argv[:1] != ["-m"]:
+        return False
+    argv = list(getattr(_sys, "orig_argv", ()))
+    for i, arg in enumerate(argv[1:], 1):
+        if arg == "-m":
+            return i + 1 < len(argv) and argv[i + 1] in _SUPERVISOR_MODULES
+        if arg.startswith("-m"):
+            return arg[2:] in _SUPERVISOR_MODULES
+    return False
+
+
+if _started_as_supervisor():
+    # The launch wrapper: no Keras, TensorFlow or MPI in the supervisor (it
+    # lives as long as the job). The public names load on first use.
+    def __getattr__(name: str):
+        import importlib
+        import importlib.util
+
+        # A submodule (`from keras_mpfp16 import runtime`): not found here, so
+        # the import system imports it, and nothing more.
+        if name.startswith("_") or importlib.util.find_spec(f"{__name__}.{name}"):
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        api = importlib.import_module(f"{__name__}._api")  # the full import
+        globals().update({n: getattr(api, n) for n in api.__all__})
+        globals()["__all__"] = api.__all__
+        return getattr(api, name)
+
+else:
+    # Everything else: the full import, with its guarantees (see _api).
+    from keras_mpfp16 import _api
+    from keras_mpfp16._api import *  # noqa: F403
+
+    __all__ = list(_api.__all__)

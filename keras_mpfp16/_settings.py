@@ -496,11 +496,28 @@ register(
 register(
     "PREEMPTION_DIR",
     "str",
-    "keras_mpfp16_preemption",
+    None,
     read="at each distributed `fit`",
     value_doc="a directory",
     doc="Where the preemption backup goes when `fit` has no "
-    "`BackupAndRestore` callback (one `fit-<n>` folder per `fit` call).",
+    "`BackupAndRestore` callback (one `fit-<n>` folder per `fit` call). "
+    "Automatic: `keras_mpfp16_preemption/<script>` in the working directory "
+    "the job was started from, `<script>` being the script's file name "
+    "without `.py` (`interactive` without one).",
+)
+register(
+    "PREEMPTION_RESUME",
+    "choice",
+    "same-job",
+    choices=("same-job", "always", "fresh"),
+    read="at each distributed `fit`",
+    doc="Which of the library's own preemption backups a `fit` resumes from. "
+    "`same-job`: only one written by the same job (script path and "
+    "arguments, model, loss, optimizer, data fingerprint; not the number of "
+    "ranks or the hosts); a backup of another job stops the `fit` with an "
+    "error that names it. `always`: whatever backup is there (resume on "
+    "purpose after changing the script). `fresh`: delete it and start over. "
+    "See [Reliability](reliability.md#a-backup-belongs-to-one-job).",
 )
 register(
     "LAUNCH_VERDICT",

@@ -20,6 +20,13 @@ optimizer exists prints once), and again at each distributed `fit` and
 `evaluate`, from the library's communicator (authoritative, e.g. for a
 sub-communicator passed to `keras_mpfp16.init`).
 
+The switch is a gate in front of Keras's interactive-logging flag (seam:
+`gate_interactive_logging`), not only the flag: `keras.backend.
+clear_session()` (which KerasTuner calls before every trial) resets Keras's
+global state and so the flag to on, and a script may call
+`keras.utils.enable_interactive_logging()` itself; neither turns Keras's
+output back on on ranks other than 0.
+
 Set `KERAS_MPFP16_ALL_RANKS_OUTPUT=1` to keep output on every rank.
 """
 
@@ -30,14 +37,24 @@ import os
 import sys
 
 from keras_mpfp16 import _settings as env
+from keras_mpfp16.internals import keras as keras_internals
 from keras_mpfp16.runtime.process.launcher_env import launcher_rank
 
-ENV_VAR = "KERAS_MPFP16_ALL_RANKS_OUTPUT"  # registered in _settings.py
-STDOUT_ENV_VAR = "KERAS_MPFP16_ROOT_STDOUT_ONLY"  # registered in _settings.py
+ENV_VAR = env.setting("ALL_RANKS_OUTPUT").name
+STDOUT_ENV_VAR = env.setting("ROOT_STDOUT_ONLY").name
 
 # Whether this module switched Keras's output off (so it may switch it back on
 # when the communicator says this process is the root after all).
 _silenced_by_us = False
+# Whether Keras's output is gated off on this rank (survives clear_session
+# and the user's enable_interactive_logging(); see _keras_output_allowed).
+_quiet = False
+_gate_installed = False
+
+
+def _keras_output_allowed() -> bool:
+    """The gate Keras's output paths read (False on a quieted rank)."""
+    return not _quiet
 
 
 def _all_ranks_requested() -> bool:
@@ -113,12 +130,26 @@ def root_stdout_only() -> bool:
 
 
 def _silence() -> None:
-    global _silenced_by_us
+    global _silenced_by_us, _quiet, _gate_installed
     import keras
 
+    _quiet = True
+    if not _gate_installed:
+        keras_internals.gate_interactive_logging(_keras_output_allowed)
+        _gate_installed = True
     if keras.config.is_interactive_logging_enabled():
         keras.config.disable_interactive_logging()
         _silenced_by_us = True
+
+
+def _unsilence() -> None:
+    global _silenced_by_us, _quiet
+    import keras
+
+    _quiet = False
+    if _silenced_by_us:
+        keras.config.enable_interactive_logging()
+        _silenced_by_us = False
 
 
 def quiet_non_root_ranks_early() -> bool:
@@ -147,20 +178,13 @@ def quiet_non_root_ranks() -> bool:
     Returns:
         True if output was silenced on this rank.
     """
-    global _silenced_by_us
-    import keras
-
     from keras_mpfp16 import runtime
 
     if _all_ranks_requested():
-        if _silenced_by_us:  # set from Python after import (kmp.config)
-            keras.config.enable_interactive_logging()
-            _silenced_by_us = False
+        _unsilence()  # set from Python after import (kmp.config)
         return False
     if runtime.rank() == 0:
-        if _silenced_by_us:  # the launcher's rank was not this communicator's
-            keras.config.enable_interactive_logging()
-            _silenced_by_us = False
+        _unsilence()  # the launcher's rank was not this communicator's
         return False
     _silence()
     return True

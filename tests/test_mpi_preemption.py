@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -261,3 +262,91 @@ def test_sigterm_to_the_launch_wrapper_reaches_the_ranks_as_a_stop(tmp_path):
     stops = result.records()
     assert len(stops) == 2 and all(s["signal"] == signal.SIGUSR1 for s in stops)
     assert _metadata(own / "fit-1")["keras_mpfp16"]["steps_done"] > 0
+
+
+def test_a_backup_belongs_to_the_job_that_wrote_it(tmp_path):
+    """Issue 28, item 0. A job preempted without its own BackupAndRestore
+    leaves the library's backup; a *different* script started in the same
+    place (another file, SGD instead of Adam) stops with a message naming the
+    backup, its writer and how to start fresh or resume on purpose, and
+    leaves the backup alone; with KERAS_MPFP16_PREEMPTION_RESUME=fresh it
+    deletes it and trains from the start; the job that wrote it, relaunched,
+    still resumes at its step. Stale temporary files of dead processes are
+    removed when a job starts; those of live ones are kept."""
+    out_dir = tmp_path / "run"
+    out_dir.mkdir()
+    own = tmp_path / "own-backups"
+    env = {"KERAS_MPFP16_PREEMPTION_DIR": str(own)}
+    first, _ = _signalled_run(2, out_dir, "own", env, 1, signal.SIGTERM)
+    assert first.returncode == PREEMPTED, first.describe()
+    steps = first.records()[0]["steps_done"]
+    backup = own / "fit-1"
+    writer = _metadata(backup)["keras_mpfp16"]["writer"]
+    assert writer["compared"]["script"] == str(SCRIPTS / "preempt.py")
+    assert writer["compared"]["arguments"] == [str(out_dir), "run", "own"]
+    assert writer["ranks"] == 2 and writer["host"] and writer["time"]
+    assert writer["compared"]["data"] is not None  # kmp.shard's fingerprint
+    before = (backup / "training_metadata.json").read_text()
+
+    other = tmp_path / "other_job.py"
+    other.write_text((SCRIPTS / "preempt.py").read_text())
+    other_out = tmp_path / "other"
+    other_out.mkdir()
+    cmd = [str(other), str(other_out), "full", "own", "sgd"]
+
+    def run_other(extra_env):
+        proc = subprocess.run(
+            [
+                mpirun_path(),
+                "-np",
+                "2",
+                "--oversubscribe",
+                "--bind-to",
+                "none",
+                sys.executable,
+                *cmd,
+            ],
+            capture_output=True,
+            text=True,
+            env=mpi_env({**env, **extra_env}),
+            timeout=300,
+        )
+        return MPIResult(proc.returncode, proc.stdout, proc.stderr, 0.0)
+
+    refused = run_other({})
+    assert refused.returncode not in (0, PREEMPTED), refused.describe()
+    text = " ".join(refused.stderr.split())
+    assert f"the preemption backup in {backup} was written by another job" in text
+    assert "preempt.py" in text and "other_job.py" in text, text[-3000:]
+    assert "optimizer (DistributedOptimizer/Adam vs this job's" in text
+    assert "KERAS_MPFP16_PREEMPTION_RESUME=fresh" in text
+    assert "KERAS_MPFP16_PREEMPTION_RESUME=always" in text
+    assert (backup / "training_metadata.json").read_text() == before  # untouched
+
+    # Stale temporaries: a dead process's and a live one's (this test's).
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = own / f".last.tmp-{dead.pid}.r0.keras"
+    live = own / f".last.tmp-{os.getpid()}.r1.keras"
+    stale.write_bytes(b"x" * 100)
+    live.write_bytes(b"x" * 100)
+    saved = tmp_path / "saved-backup"
+    shutil.copytree(backup, saved)
+    fresh = run_other({"KERAS_MPFP16_PREEMPTION_RESUME": "fresh"})
+    assert fresh.returncode == 0, fresh.describe()
+    assert "PREEMPTION_RESUME=fresh: deleted the preemption backup" in fresh.stderr
+    assert "RESUMING" not in fresh.stderr
+    recs = fresh.records()
+    assert all(r["epochs_run"] == [0, 1, 2] and r["first_step"] == 0 for r in recs)
+    assert not stale.exists() and live.exists()
+    live.unlink()
+
+    # The job that wrote the backup, relaunched, resumes at its step.
+    shutil.copytree(saved, backup)
+    again = run_mpi(2, "preempt.py", str(out_dir), "run", "own", env=env)
+    recs = ok(again)
+    for r in recs:
+        assert r["epochs_run"] == [1, 2] and r["first_step"] == steps, r
+    lines = [ln for ln in again.stderr.splitlines() if "RESUMING" in ln]
+    assert len(lines) == 1, again.stderr[-3000:]  # one line, rank 0
+    assert f"from the preemption backup in {backup}: epoch 2, step {steps}" in lines[0]

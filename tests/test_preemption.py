@@ -109,6 +109,55 @@ def test_ignored_signal_stays_ignored():
     assert result.returncode == 0 and "ok" in result.stdout, result
 
 
+def test_launch_wrapper_starts_without_keras_tensorflow_or_mpi():
+    """`python -m keras_mpfp16.runtime.launch` is a supervisor that lives as
+    long as the job: it imports neither Keras nor TensorFlow nor mpi4py (seen
+    with -X importtime, which lists every import of that process)."""
+    out = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "keras_mpfp16.runtime.launch"]
+        + [sys.executable, "-c", "raise SystemExit(3)"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 3, out.stderr[-2000:]  # the launcher's status
+    imported = {
+        line.rsplit("|", 1)[-1].strip()
+        for line in out.stderr.splitlines()
+        if line.startswith("import time:")
+    }
+    assert "keras_mpfp16.runtime.supervision.launch_wrapper" in imported
+    heavy = sorted(
+        m for m in imported if m.split(".")[0] in {"keras", "tensorflow", "mpi4py"}
+    )
+    assert not heavy, heavy
+
+
+def test_package_imported_for_the_launch_wrapper_loads_its_names_on_use():
+    """The package's `__init__` as `-m keras_mpfp16.runtime.launch` sees it
+    (sys.argv[0] still "-m"): nothing heavy at import; the first public name
+    used loads the whole package, with its import-time work."""
+    code = (
+        "import sys\n"
+        "sys.argv[0] = '-m'\n"
+        "sys.orig_argv = [sys.executable, '-m', 'keras_mpfp16.runtime.launch']\n"
+        "import keras_mpfp16 as kmp\n"
+        "from keras_mpfp16.runtime.supervision import launch_wrapper\n"
+        "print(sorted(m for m in ('keras', 'tensorflow', 'mpi4py') if m in sys.modules))\n"
+        "print(kmp.DistributedOptimizer.__name__, all(kmp.training.installed().values()))\n"
+        "print('keras' in sys.modules, len(kmp.__all__) > 10)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split("\n")[:3] == [
+        "[]",
+        "DistributedOptimizer True",
+        "True True",
+    ], out.stdout
+
+
 def test_launch_wrapper_passes_status_and_ends_a_launcher_that_lost_a_rank(
     tmp_path, capfd
 ):

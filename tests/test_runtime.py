@@ -21,6 +21,47 @@ def test_plain_python_is_a_one_process_world():
     runtime.barrier()
 
 
+def test_collectives_call_registered_observers_around_each_call():
+    """The MPI layer's hook: the stall inspector and the trace recorder
+    observe every collective through it (the MPI layer imports neither);
+    an observer sees each call's name around the call, until unregistered."""
+    import contextlib
+
+    from keras_mpfp16.runtime.mpi import collectives, observers
+    from keras_mpfp16.runtime.supervision import stall
+    from keras_mpfp16.runtime.trace import recorder
+
+    assert stall.collective in observers.registered()
+    assert recorder.collective in observers.registered()
+    runtime.init()
+    seen = []
+
+    @contextlib.contextmanager
+    def watch(name):
+        seen.append(("enter", name))
+        yield
+        seen.append(("leave", name))
+
+    observers.register(watch)
+    observers.register(watch)  # once only
+    try:
+        runtime.barrier()
+        out = np.zeros(2)
+        collectives.allreduce_sum_into(np.ones(2), out, "test sum")
+    finally:
+        observers.unregister(watch)
+    runtime.barrier()
+    assert seen == [
+        ("enter", "barrier"),
+        ("leave", "barrier"),
+        ("enter", "test sum"),
+        ("leave", "test sum"),
+    ]
+    np.testing.assert_array_equal(out, [1.0, 1.0])
+    with pytest.raises(TypeError, match="observer must be a callable"):
+        observers.register("not callable")
+
+
 def test_single_process_collectives_are_identities():
     x = np.arange(4.0)
     np.testing.assert_array_equal(runtime.allreduce(x), x)

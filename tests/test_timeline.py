@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from mpi_launch import run_mpi
 
-from keras_mpfp16.runtime.trace import scaling, timeline
+from keras_mpfp16.runtime import trace as timeline
+from keras_mpfp16.runtime.trace import scaling
 
 # -- report math ------------------------------------------------------------------
 

@@ -50,7 +50,12 @@ MOVES: dict[str, str] = {
     "keras_mpfp16.runtime.wire": "keras_mpfp16.runtime.mpi.wire",
     "keras_mpfp16.runtime.cuda": "keras_mpfp16.runtime.mpi.cuda",
     # tracing
-    "keras_mpfp16.runtime.timeline": "keras_mpfp16.runtime.trace.timeline",
+    # (timeline.py was split into trace/windows, clocks, recorder, merge,
+    # session; the trace package exports their names, so `timeline.Window`
+    # reads as before through `from keras_mpfp16.runtime import trace as
+    # timeline`)
+    "keras_mpfp16.runtime.timeline": "keras_mpfp16.runtime.trace",
+    "keras_mpfp16.runtime.trace.timeline": "keras_mpfp16.runtime.trace",
     "keras_mpfp16.runtime.scaling": "keras_mpfp16.runtime.trace.scaling",
     # supervision
     "keras_mpfp16.runtime.stall": "keras_mpfp16.runtime.supervision.stall",

@@ -26,8 +26,8 @@ Configurations:
 
 Every figure is seconds per step (the slowest rank's), one per round; rank 0
 prints each round and writes JSON with --out. Training configurations also
-record, from the stall inspector's timeline, the seconds per step spent
-inside gradient collectives (`in_collectives`).
+record, from the trace recorder (`keras_mpfp16.runtime.trace`, in memory),
+the seconds per step spent inside gradient collectives (`in_collectives`).
 """
 
 import argparse
@@ -47,7 +47,7 @@ from cluster_models import DEFAULT_STEPS, MODELS, build, data  # noqa: E402
 import keras_mpfp16 as kmp  # noqa: E402
 from keras_mpfp16 import runtime  # noqa: E402
 from keras_mpfp16.backend import bridge  # noqa: E402
-from keras_mpfp16.runtime.supervision import stall  # noqa: E402
+from keras_mpfp16.runtime import trace  # noqa: E402
 
 SPARSE_ENV = "KERAS_MPFP16_SPARSE_GRADIENTS"
 WIRES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}
@@ -55,11 +55,19 @@ BUCKET_MB = 25.0
 
 
 class Timer(keras.callbacks.Callback):
-    def __init__(self):
+    """Step end times, and the recorder's steps (its MPI calls are recorded
+    inside a step)."""
+
+    def __init__(self, recorder):
         super().__init__()
+        self.recorder = recorder
         self.stamps = []
 
+    def on_train_batch_begin(self, batch, logs=None):
+        self.recorder.begin_step(batch, 0)
+
     def on_train_batch_end(self, batch, logs=None):
+        self.recorder.end_step()
         self.stamps.append(time.perf_counter())
 
 
@@ -95,20 +103,33 @@ class Training:
     def run(self, steps):
         if self.sparse is not None:
             os.environ[SPARSE_ENV] = self.sparse  # read when the step is traced
-        timer = Timer()
-        stall.record_timeline(True)
-        n = self.batch * steps
-        self.net.fit(
-            self.x[:n],
-            self.y[:n],
-            batch_size=self.batch,
-            epochs=1,
-            shuffle=False,
-            verbose=0,
-            callbacks=[timer],
+        # Every step traced, in memory (no file), on this rank's own clock
+        # (offset 0: the same time.perf_counter as the Timer's stamps).
+        recorder = trace.Recorder(
+            runtime.rank(), runtime.size(), platform.node(), trace.Window(every=1), None
         )
-        events = stall.timeline()
-        stall.record_timeline(False)
+        timer = Timer(recorder)
+        n = self.batch * steps
+        trace.activate(recorder)
+        try:
+            self.net.fit(
+                self.x[:n],
+                self.y[:n],
+                batch_size=self.batch,
+                epochs=1,
+                shuffle=False,
+                verbose=0,
+                callbacks=[timer],
+            )
+        finally:
+            trace.activate(None)
+            recorder.close()
+        # Each MPI call: (name, start, end) in time.perf_counter() seconds.
+        events = [
+            (ev["name"], ev["ts"] / 1e6, (ev["ts"] + ev["dur"]) / 1e6)
+            for ev in recorder.events
+            if ev.get("ph") == "X" and ev.get("cat") in ("mpi", "collective")
+        ]
         os.environ.pop(SPARSE_ENV, None)
         return timer.stamps, events
 
@@ -118,9 +139,7 @@ class Training:
         t0, t1 = stamps[0], stamps[-1]
         per_step = (t1 - t0) / (len(stamps) - 1)
         inside = sum(
-            e - s
-            for name, _, s, e in events
-            if "gradient" in name and s >= t0 and e <= t1
+            e - s for name, s, e in events if "gradient" in name and s >= t0 and e <= t1
         ) / (len(stamps) - 1)
         return slowest(per_step), slowest(inside)
 

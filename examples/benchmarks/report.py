@@ -629,6 +629,41 @@ def state_sync(folder):
     )
 
 
+@table("sync_batch_norm")
+def sync_batch_norm(folder):
+    d = load(folder, "sync_batch_norm.json")
+    rows = []
+    for name, m in d["models"].items():
+        t = m["seconds_per_step"]
+        rows.append(
+            [
+                name,
+                ", ".join(str(f) for f in m["batch_norm_features"]),
+                fmt_list([1e3 * x for x in t["plain"]], "{:.1f}"),
+                fmt_list([1e3 * x for x in t["sync"]], "{:.1f}"),
+                f"**{m['ratio_sync_over_plain']:.3f}**",
+                signed(m["extra_ms_per_step"], "{:+.2f}"),
+            ]
+        )
+    first = next(iter(d["models"].values()))
+    return (
+        f"*{d['date']}, np={d['size']}, batch {d['batch_per_rank']} per rank, "
+        f"{len(first['seconds_per_step']['plain'])} interleaved rounds of "
+        f"{d['steps_per_measurement']} steps; `{d['command']}`*\n\n"
+        + md(
+            [
+                "model",
+                "BatchNorm features",
+                "plain ms/step per round",
+                "sync ms/step per round",
+                "sync / plain (median)",
+                "extra ms/step (median)",
+            ],
+            rows,
+        )
+    )
+
+
 @table("before_after")
 def before_after(folder):
     d = load(folder, "before_after.json")
@@ -1784,7 +1819,7 @@ def recorded_settings(d: dict) -> dict:
         rec["rounds"] = len(d["records"][0]["seconds_all"])
     if "runs" in d and isinstance(d["runs"], dict):  # allreduce_scaling
         first = next(iter(d["runs"].values()))
-        if first and "bytes" in first[0]:
+        if isinstance(first, list) and first and "bytes" in first[0]:
             rec["sizes"] = ",".join(str(r["bytes"]) for r in first)
     if d and all(isinstance(v, list) for v in d.values()):  # fault_exit_times
         rec["repeat"] = len(next(iter(d.values())))

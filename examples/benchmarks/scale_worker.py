@@ -39,7 +39,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 import keras_mpfp16 as kmp  # noqa: E402
-from keras_mpfp16.runtime import preemption, stall  # noqa: E402
+from keras_mpfp16.runtime.supervision import preemption, stall  # noqa: E402
 
 mode, out_dir = sys.argv[1], sys.argv[2]
 T_IMPORTED = time.time()

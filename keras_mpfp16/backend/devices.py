@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import sys
 
+from keras_mpfp16.runtime.mpi import world
 from keras_mpfp16.runtime.process import gpus
 
 
@@ -65,7 +66,11 @@ def bind_gpus(gpus_per_rank: int = 1) -> list[str]:
     import keras  # build the model after this point
     ```
     """
-    return gpus.bind(gpus_per_rank, framework_initialized)
+    return gpus.bind(gpus_per_rank, framework_initialized, _mpi_local_rank_and_size)
+
+
+def _mpi_local_rank_and_size() -> tuple[int, int]:
+    return world.local_rank(), world.local_size()
 
 
 def _tensorflow_gpus() -> list[str] | None:

@@ -54,8 +54,8 @@ from keras_mpfp16.backend.tf_steps import (
     float_slot_piece,
 )
 from keras_mpfp16.backend.tf_wire import decode_rows, encode_rows, owner_sum
+from keras_mpfp16.runtime import trace
 from keras_mpfp16.runtime.mpi import collectives, cuda, wire, world
-from keras_mpfp16.runtime.trace import timeline
 
 _H = wire.HEADER_WORDS
 
@@ -80,7 +80,7 @@ def _nbytes(buf) -> int:
 
 def _timed(body, label: str, length: int, wire_dtype: str, path: str):
     """`body` as the host function, recorded as the bucket's reduction span
-    while a timeline records (`runtime.timeline`). Off, the only cost is the
+    while a timeline records (`runtime.trace`). Off, the only cost is the
     `recorder is None` branch: the step's graph is the same either way."""
     bucket = _bucket_index(label)
     if bucket is None:
@@ -88,7 +88,7 @@ def _timed(body, label: str, length: int, wire_dtype: str, path: str):
     payload = 4 * length
 
     def run(buf, step):
-        recorder = timeline.active()
+        recorder = trace.active()
         if recorder is None:
             return body(buf, step)
         with recorder.reduction(

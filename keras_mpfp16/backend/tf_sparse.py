@@ -17,7 +17,7 @@ from keras_mpfp16.backend.tf_order import ordered
 from keras_mpfp16.backend.tf_path import aligned_empty, host_finite
 from keras_mpfp16.runtime.mpi import collectives, cuda, world
 
-SPARSE_ENV = "KERAS_MPFP16_SPARSE_GRADIENTS"  # registered in _settings.py
+SPARSE_ENV = env.setting("SPARSE_GRADIENTS").name
 SPARSE_MODES = env.setting("SPARSE_GRADIENTS").choices
 
 

@@ -7,8 +7,8 @@ import os
 import keras
 
 from keras_mpfp16 import runtime
+from keras_mpfp16.runtime import trace
 from keras_mpfp16.runtime.trace import scaling
-from keras_mpfp16.runtime.trace import timeline as _timeline
 
 
 class Timeline(keras.callbacks.Callback):
@@ -78,11 +78,11 @@ class Timeline(keras.callbacks.Callback):
                 f"'epoch' or 'table'. Received: report={report!r}"
             )
         self.path = os.fspath(path) if path is not None else None
-        self.window = _timeline.Window(steps, every)
+        self.window = trace.Window(steps, every)
         self.report_style = "epoch" if report is True else (report or None)
         self.report: dict = {}
         self.written: str | None = None
-        self._session: _timeline.Session | None = None
+        self._session: trace.Session | None = None
         self._base = 0
         self._batches = 0
         self._epoch = 0
@@ -95,7 +95,7 @@ class Timeline(keras.callbacks.Callback):
     @classmethod
     def from_env(cls) -> Timeline | None:
         """The timeline `KERAS_MPFP16_TIMELINE*` asks for, or None."""
-        settings = _timeline.env_settings()
+        settings = trace.env_settings()
         if settings is None:
             return None
         return cls(settings["path"], steps=settings["steps"], report=settings["report"])
@@ -116,7 +116,7 @@ class Timeline(keras.callbacks.Callback):
     # -- fit ----------------------------------------------------------------------
 
     def on_train_begin(self, logs=None):
-        self._session = _timeline.Session(self.path, self.window)
+        self._session = trace.Session(self.path, self.window)
         self._base = self._batches = 0
         self._traced_last = False
         self.report = self._session.report()

@@ -137,6 +137,18 @@ def _ranks(ranks: list[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
+# The fingerprints `check_same_data` computed in this process, in call order:
+# part of the job's identity recorded with a preemption backup.
+_fingerprints: list = []
+
+
+def fingerprints() -> tuple:
+    """The fingerprints of the data this process passed to `shard` (with its
+    check, under more than one process), in call order: the same whatever
+    the number of ranks, as they are taken before the data is dealt."""
+    return tuple(_fingerprints)
+
+
 def check_same_data(data: tuple, dataset: bool) -> None:
     """Every rank passed the same data to `shard`.
 
@@ -148,6 +160,7 @@ def check_same_data(data: tuple, dataset: bool) -> None:
         ValueError: on every rank, naming the ranks that hold each version.
     """
     mine = fingerprint(data[0]) if dataset else fingerprint_arrays(*data)
+    _fingerprints.append(mine)
     if runtime.same_on_all_ranks(mine, name="shard data fingerprint"):
         return
     prints = runtime.allgather_object(mine, name="shard data fingerprints")
@@ -190,7 +203,7 @@ def shard(
     Call it with the same data on every rank. Each rank gets different rows,
     and together the ranks cover the data once per epoch (see `arithmetic`
     for exactly which rows). Under mpirun it checks that the data is the
-    same on every rank (one allgather of a digest, see `check`) and raises
+    same on every rank (one allreduce of a digest, see `check`) and raises
     on every rank if not.
 
     - numpy arrays (or nested dicts/lists/tuples of them, e.g. a multi-input
@@ -225,7 +238,7 @@ def shard(
         num_ranks: N; defaults to `keras_mpfp16.size()`.
         check: Whether to check that every rank passed the same data (when
             `rank` and `num_ranks` are not given and there is more than one
-            process): one allgather of a fingerprint of the data
+            process): one allreduce of a digest of a fingerprint of the data
             (`keras_mpfp16.data.fingerprint`: shapes, dtypes and a CRC-32 of
             the bytes - of evenly spaced rows beyond 64 MiB per array; for a
             `tf.data.Dataset` its length, structure and first element; for a

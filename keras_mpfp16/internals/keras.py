@@ -590,6 +590,103 @@ def train_validation_split(arrays: tuple, validation_split: float) -> tuple:
     return _train_validation_split(arrays, validation_split=validation_split)
 
 
+DATA_ADAPTER = _register(
+    "keras.fit_data_adapter",
+    "keras.src.trainers.data_adapters.get_data_adapter",
+    "models built as Keras builds them: a model not built before fit is built "
+    "from the input spec Keras's own first step would be traced with (the "
+    "data adapter's tf.data element spec: batch dimension None where Keras "
+    "leaves it None), not from the first batch's shape",
+)
+_get_data_adapter = _resolve(
+    DATA_ADAPTER, "keras.src.trainers.data_adapters", "get_data_adapter"
+)
+if _get_data_adapter is not None:
+    _check_signature(
+        DATA_ADAPTER,
+        _get_data_adapter,
+        (
+            "x",
+            "y",
+            "sample_weight",
+            "batch_size",
+            "steps_per_epoch",
+            "shuffle",
+            "class_weight",
+        ),
+    )
+
+
+def fit_data_adapter(
+    x: Any,
+    y: Any = None,
+    sample_weight: Any = None,
+    batch_size: int | None = None,
+    steps_per_epoch: int | None = None,
+    class_weight: dict | None = None,
+) -> Any:
+    """The data adapter Keras's `fit` makes for these arguments (unshuffled).
+
+    Its `get_tf_dataset().element_spec` is the input spec Keras traces the
+    first train step with (TensorFlow backend, no strategy). A Python
+    generator is read (Keras peeks its first batches).
+    """
+    if _get_data_adapter is None:
+        raise _error(DATA_ADAPTER, "it is not defined")
+    return _get_data_adapter(
+        x,
+        y,
+        sample_weight=sample_weight,
+        batch_size=batch_size,
+        steps_per_epoch=steps_per_epoch,
+        shuffle=False,
+        class_weight=class_weight,
+    )
+
+
+INTERACTIVE_LOGGING = _register(
+    "keras.gate_interactive_logging",
+    "keras.src.utils.io_utils.is_interactive_logging_enabled (the module "
+    "attribute print_msg, the progress bar and summary() read)",
+    "output once under mpirun: Keras's output stays off on ranks other than 0 "
+    "whatever resets Keras's global state (clear_session, "
+    "enable_interactive_logging)",
+)
+_io_utils_enabled = _resolve(
+    INTERACTIVE_LOGGING,
+    "keras.src.utils.io_utils",
+    "is_interactive_logging_enabled",
+)
+
+
+def gate_interactive_logging(gate: Callable[[], bool] | None) -> None:
+    """Makes Keras print to stdout only while `gate()` is true (None: no gate).
+
+    Keras's own output (`print_msg`: the progress bar, epoch lines,
+    callbacks' messages; `summary()`) goes to stdout when Keras's
+    interactive-logging flag is on, and to absl logging otherwise. The flag
+    lives in Keras's global state, which `keras.backend.clear_session()`
+    resets to on, as does a user's `enable_interactive_logging()`. With a
+    gate, those output paths read "on" only when the flag is on *and*
+    `gate()` is true; the flag itself (and `keras.config.
+    is_interactive_logging_enabled()`) is left to the user. Idempotent: a
+    new gate replaces the previous one.
+    """
+    if _io_utils_enabled is None:
+        raise _error(INTERACTIVE_LOGGING, "it is not defined")
+    module = importlib.import_module("keras.src.utils.io_utils")
+    if gate is None:
+        module.is_interactive_logging_enabled = _io_utils_enabled
+        return
+
+    def is_interactive_logging_enabled() -> bool:
+        return bool(gate()) and _io_utils_enabled()
+
+    is_interactive_logging_enabled.__wrapped__ = _io_utils_enabled
+    is_interactive_logging_enabled.__doc__ = _io_utils_enabled.__doc__
+    module.is_interactive_logging_enabled = is_interactive_logging_enabled
+
+
 BACKUP_PATHS = _register(
     "keras.backup_paths",
     "keras.callbacks.BackupAndRestore._weights_path / _training_metadata_path",
@@ -811,7 +908,9 @@ __all__ = [
     "array_datasets_without_autotune",
     "autocast_scope",
     "backup_paths",
+    "fit_data_adapter",
     "flatten_layers",
+    "gate_interactive_logging",
     "set_backup_paths",
     "get_initial_epoch",
     "set_initial_epoch",

@@ -22,12 +22,14 @@ from keras_mpfp16.internals.keras import (
     CACHED_EVAL_DATASET_KWARG,
     CALLBACK_LIST_ATTRIBUTE,
     CALLBACK_LIST_EDITABLE,
+    DATA_ADAPTER,
     EPOCH_ITERATOR,
     FIT_VALIDATION_EVALUATE,
     FLATTEN_LAYERS,
     FUSED_RNN,
     GET_METRICS_RESULT,
     INITIAL_EPOCH,
+    INTERACTIVE_LOGGING,
     METRICS_RESULT_AT_END,
     METRICS_RESULT_OR_LOGS,
     MODEL_CHECKPOINT_HOOKS,
@@ -49,8 +51,10 @@ from keras_mpfp16.internals.keras import (
     checkpoint_bookkeeping_only,
     checkpoint_file_path,
     checkpoint_should_save,
+    fit_data_adapter,
     flatten_layers,
     fused_rnn,
+    gate_interactive_logging,
     get_initial_epoch,
     get_learning_rate_slot,
     optimizer_trainable_variables,
@@ -309,6 +313,41 @@ def _probe_symbolic_build() -> None:
         )
 
 
+def _probe_fit_data_adapter() -> None:
+    if keras.backend.backend() != "tensorflow":
+        return
+    import numpy as np
+
+    x, y = np.zeros((10, 3), "float32"), np.zeros((10, 1), "float32")
+    for batch, want in ((5, 5), (4, None)):  # full batches / a partial one
+        spec = fit_data_adapter(x, y, None, batch).get_tf_dataset().element_spec
+        shapes = [tuple(s.shape) for s in spec]
+        if shapes != [(want, 3), (want, 1)]:
+            raise AssertionError(f"batch {batch}: element spec shapes {shapes}")
+
+
+def _probe_interactive_logging_gate() -> None:
+    import contextlib
+    import io
+
+    was_on = keras.config.is_interactive_logging_enabled()
+    keras.config.enable_interactive_logging()
+    try:
+        printed = []
+        for gate in (lambda: False, None):
+            gate_interactive_logging(gate)
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                keras.utils.Progbar(1, verbose=2).update(1, finalize=True)
+            printed.append(out.getvalue())
+        if printed[0] or not printed[1]:
+            raise AssertionError(f"gated / ungated stdout: {printed!r}")
+    finally:
+        gate_interactive_logging(None)
+        if not was_on:
+            keras.config.disable_interactive_logging()
+
+
 def _probe_initial_epoch() -> None:
     model = _tiny_model()
     before = get_initial_epoch(model)
@@ -553,6 +592,8 @@ PROBES = {
     FLATTEN_LAYERS.accessor: _probe_flatten_layers,
     SYMBOLIC_BUILD.accessor: _probe_symbolic_build,
     INITIAL_EPOCH.accessor: _probe_initial_epoch,
+    DATA_ADAPTER.accessor: _probe_fit_data_adapter,
+    INTERACTIVE_LOGGING.accessor: _probe_interactive_logging_gate,
     BACKUP_PATHS.accessor: _probe_backup_paths,
     ARRAY_DATASET.accessor: _probe_array_datasets,
     METRICS_RESULT_OR_LOGS.accessor: _probe_metrics_result_or_logs,

@@ -16,6 +16,16 @@ import numpy as np
 
 from keras_mpfp16 import runtime
 
+UNSEEDED_CHOICE_HINT = (
+    "The usual cause: a random choice made on every rank without a common "
+    "seed - a hyperparameter search's tuner (e.g. KerasTuner's RandomSearch "
+    "without seed=...), random.choice / np.random in the script. Fix: seed it "
+    "alike on every rank (the tuner's seed=..., or "
+    "keras.utils.set_random_seed(...) before the choice), or draw the choice "
+    "on rank 0 and send it to the others (keras_mpfp16.broadcast(choice)). "
+    "See docs/frameworks.md."
+)
+
 
 def variable_signature(variables) -> list[tuple]:
     """`(path, shape, dtype)` of each variable: what `check_signatures` compares."""
@@ -58,7 +68,8 @@ def check_signatures(mine: list[tuple], what: str = "trainable variables") -> No
                     "keras_mpfp16: ranks are training different models (model "
                     f"signature check): rank 0 has {len(ref)} {what}, rank {r} has "
                     f"{len(sig)}; first difference at #{i}: rank 0 has {show(a)}, "
-                    f"rank {r} has {show(b)}. Build the same model on every rank."
+                    f"rank {r} has {show(b)}. Build the same model on every rank. "
+                    + UNSEEDED_CHOICE_HINT
                 )
 
 

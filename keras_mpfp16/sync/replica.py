@@ -28,10 +28,7 @@ rank's lanes carry its own sequences) and are never touched.
 
 from __future__ import annotations
 
-import sys
-import types
 import zlib
-from typing import Any
 
 import keras
 import numpy as np
@@ -40,7 +37,8 @@ from keras import ops
 from keras_mpfp16 import backend as backends
 from keras_mpfp16 import runtime
 from keras_mpfp16.internals import keras as keras_internals
-from keras_mpfp16.sync.checks import check_same_variables
+from keras_mpfp16.sync.checks import UNSEEDED_CHOICE_HINT, check_same_variables
+from keras_mpfp16.sync.input_spec import traced_input_spec
 
 
 def averaged_variables(model) -> list:
@@ -103,7 +101,8 @@ _HYPERPARAMETER_MESSAGE = (
     "[learning rate, fingerprint of the other optimizer settings]:\n{}\n"
     "Something changed the optimizer on some ranks only (a callback that saw "
     "rank-local logs, or code run on one rank). Make every rank take the same "
-    "decision, e.g. from the global logs keras_mpfp16 provides."
+    "decision, e.g. from the global logs keras_mpfp16 provides. "
+    + UNSEEDED_CHOICE_HINT.replace("{", "{{").replace("}", "}}")
 )
 
 
@@ -120,55 +119,6 @@ def is_built(model) -> bool:
     return all(layer.built for layer in keras_internals.flatten_layers(model))
 
 
-def _leading_rows(leaf: Any, rows: int) -> np.ndarray:
-    if hasattr(leaf, "iloc"):  # pandas: positional rows
-        return np.asarray(leaf.iloc[:rows])
-    return np.asarray(leaf[:rows])
-
-
-def _shape_batch(arguments: dict) -> Any:
-    """Something with the shapes of `fit`'s first batch, or None.
-
-    Arrays: their first rows; a `tf.data.Dataset`: its `element_spec`; a
-    `PyDataset`: its first batch; a Python generator: its first batch, put
-    back in front (`arguments["x"]` becomes a generator that yields it first,
-    as Keras's own generator adapter does when it peeks).
-    """
-    x, y, sample_weight = (arguments.get(k) for k in ("x", "y", "sample_weight"))
-    if _is_tf_dataset(x):
-        return x.element_spec
-    if isinstance(x, keras.utils.PyDataset):
-        return None if x.num_batches == 0 else x[0]
-    if isinstance(x, types.GeneratorType):
-        try:
-            first = next(x)
-        except StopIteration:
-            return None
-
-        def restored(gen=x):
-            yield first
-            yield from gen
-
-        arguments["x"] = restored()
-        return first
-    leaves = [v for v in keras.tree.flatten((x, y, sample_weight)) if v is not None]
-    if not leaves or not all(
-        hasattr(v, "shape") and hasattr(v, "__getitem__") for v in leaves
-    ):
-        return None
-    rows = arguments.get("batch_size") or 32  # Keras's default for arrays
-
-    def first_rows(v):
-        return None if v is None else _leading_rows(v, rows)
-
-    return keras.tree.map_structure(first_rows, (x, y, sample_weight))
-
-
-def _is_tf_dataset(x: Any) -> bool:
-    tf = sys.modules.get("tensorflow")
-    return tf is not None and isinstance(x, tf.data.Dataset)
-
-
 _DEFERRED_SYNC_WARNING = (
     "keras_mpfp16: the model is not built when fit starts and could not be "
     "built from the shapes of its input ({why}), so the ranks are synced "
@@ -182,33 +132,40 @@ _DEFERRED_SYNC_WARNING = (
 
 
 def build_before_fit(model, arguments: dict) -> bool:
-    """Builds a model that is not built yet from the shapes of `fit`'s input.
+    """Builds a model that is not built yet, as Keras's own `fit` would build it.
 
     Keras (TensorFlow backend, no strategy) builds such a model - a
     subclassed model, or a `Sequential` without an `Input` - while it traces
     the first train step, which is too late for `sync_from_root`: rank 0's
     initial weights must exist before the first step to be broadcast. This
-    runs Keras's own pre-`fit` build (the one it runs under a `tf.distribute`
-    strategy) from the shapes of the first batch (see `_shape_batch`). No
-    step runs and no MPI call is made.
+    runs Keras's own pre-`fit` build (`Model._symbolic_build`, the one it
+    runs under a `tf.distribute` strategy) from the input spec the first
+    step would be traced with (`input_spec.traced_input_spec`: batch
+    dimension None wherever Keras leaves it None), so the model's inputs,
+    build config and saved file are what Keras's `fit` makes of the same
+    input. No step runs and no MPI call is made.
 
     Args:
         model: The model `fit` was called on.
-        arguments: `fit`'s bound arguments; `"x"` is replaced when it is a
-            Python generator whose first batch was read.
+        arguments: `fit`'s bound arguments (after `validation_split` was
+            turned into `validation_data`); `"x"` is replaced when it is a
+            Python generator whose first batches were read.
 
     Returns:
-        Whether the model is built now. False for an input with no shapes
-        to read or a model Keras could not build symbolically (warned);
-        `sync_from_root` then leaves the sync to the first update.
+        Whether the model is built now. False for an input Keras's data
+        adapter does not take or a model Keras could not build symbolically
+        (warned); `sync_from_root` then leaves the sync to the first update.
     """
     if is_built(model):
         return True
-    batch = _shape_batch(arguments)
-    why = f"a {type(arguments.get('x')).__name__} input" if batch is None else ""
-    if batch is not None:
+    try:
+        spec = traced_input_spec(arguments)
+    except Exception as exc:  # noqa: BLE001 - Keras's fit raises it again
+        why = f"its input: {type(exc).__name__}: {exc}"
+    else:
+        why = ""
         try:
-            keras_internals.symbolic_build(model, batch)
+            keras_internals.symbolic_build(model, spec)
         except Exception as exc:  # noqa: BLE001 - Keras raises it again in the step
             why = f"{type(exc).__name__}: {exc}"
     if is_built(model):

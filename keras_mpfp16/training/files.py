@@ -51,6 +51,7 @@ from keras_mpfp16.callbacks.root_only import RootOnly
 from keras_mpfp16.callbacks.wrapper import CallbackWrapper
 from keras_mpfp16.internals import keras as keras_internals
 from keras_mpfp16.optimizer import DistributedOptimizer
+from keras_mpfp16.runtime import trace
 from keras_mpfp16.runtime.mpi import world
 from keras_mpfp16.runtime.supervision.atomic_files import (
     atomic_write,
@@ -58,7 +59,6 @@ from keras_mpfp16.runtime.supervision.atomic_files import (
     fsync_file,
     in_atomic_write,
 )
-from keras_mpfp16.runtime.trace import timeline
 
 # Callbacks whose only effect is writing files (or sending logs out): one
 # writer per job. The first two keep state users read after fit: on ranks
@@ -241,6 +241,7 @@ class SafeBackupAndRestore(CallbackWrapper):
         self._epoch = 0
         self._steps = 0
         self.metric_state = None  # callable: the metric state as floats
+        self.job = None  # the writer record stored with each backup (a dict)
 
     # -- restore -------------------------------------------------------------
 
@@ -276,7 +277,7 @@ class SafeBackupAndRestore(CallbackWrapper):
     # -- backup ----------------------------------------------------------------
 
     def _write(self, hook, *args) -> None:
-        recorder = timeline.active()
+        recorder = trace.active()
         if recorder is None:
             self._write_backup(hook, *args)
             return
@@ -324,6 +325,8 @@ class SafeBackupAndRestore(CallbackWrapper):
             "steps_done": self._steps,
             "metrics": [float(v) for v in metrics] if self._steps else [],
         }
+        if self.job is not None:
+            metadata[_RESUME_KEY]["writer"] = self.job
         with open(metadata_path, "w") as f:
             json.dump(metadata, f)
 

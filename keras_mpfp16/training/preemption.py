@@ -9,12 +9,23 @@ signal came during validation) `Preemption`:
 1. has rank 0 write a complete backup: into the directory of the user's
    `keras.callbacks.BackupAndRestore` when `fit` has one, else into the
    library's own (`KERAS_MPFP16_PREEMPTION_DIR`, default
-   `./keras_mpfp16_preemption`, one `fit-<n>` directory per collective `fit`
+   `./keras_mpfp16_preemption/<script>`, one `fit-<n>` directory per collective `fit`
    of the process); the backup records the step reached in the epoch and
    the epoch's metric state;
 2. waits until the backup is on disk (a barrier), then raises
    `Preempted` (a `SystemExit` with status `PREEMPTED_EXIT_CODE`, 75) on
    every rank. `on_train_end` does not run, so the backup is kept.
+
+The library's own backup belongs to the job that wrote it: it records
+who wrote it (`job_identity`: the script and its arguments, the model's,
+loss's and optimizer's signature, the data's fingerprint where `kmp.shard`
+took one; and, not compared, the Slurm job id, host, time and number of
+ranks). A `fit` of another job finding it stops with `BackupOfAnotherJob`
+naming the backup, its writer and what differs, unless
+`KERAS_MPFP16_PREEMPTION_RESUME` says `always` (resume on purpose) or
+`fresh` (delete it and start over). The number of ranks and the hosts are
+not part of the comparison: the same job relaunched on another allocation
+resumes.
 
 Started again with the same script and arguments, `fit` restores rank 0
 from the backup (the user's `BackupAndRestore` does, or the library's own
@@ -31,39 +42,304 @@ backup is deleted when its `fit` ends normally.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import shlex
+import shutil
+import socket
 import sys
+import time
 
 import keras
 import numpy as np
 
+from keras_mpfp16 import _settings as env
 from keras_mpfp16 import runtime
+from keras_mpfp16.data.shard import fingerprints as shard_fingerprints
 from keras_mpfp16.internals import keras as keras_internals
-from keras_mpfp16.runtime.supervision import preemption
+from keras_mpfp16.runtime.supervision import atomic_files, preemption
 from keras_mpfp16.sync.metric_reduction import metric_variables
 from keras_mpfp16.training.files import SafeBackupAndRestore
 
 _fits = {"count": 0}  # collective fits started by this process
 
 
+# What must be equal for a backup to be resumed; the rest of a writer record
+# (host, time, ranks, Slurm job id, pid) is recorded for the message only.
+COMPARED = ("script", "arguments", "model", "loss", "optimizer", "data")
+
+
+class BackupOfAnotherJob(RuntimeError):
+    """Raised on every rank by a `fit` that finds, in the library's own backup
+    directory, a backup written by another job (see `job_identity`)."""
+
+
+def _plain(value):
+    """JSON-able, and free of memory addresses (they change every run)."""
+    text = str(value)
+    return type(value).__name__ if " at 0x" in text else text
+
+
+def _digest(value) -> str:
+    text = json.dumps(value, sort_keys=True, default=_plain)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _serialized(obj):
+    try:
+        return keras.saving.serialize_keras_object(obj)
+    except Exception:  # noqa: BLE001 - any object: then its type
+        return type(obj).__name__
+
+
+def _without_names(value):
+    """A configuration without `name` entries: Keras numbers the automatic
+    names (`dense_1`) by what the process created before."""
+    if isinstance(value, dict):
+        return {k: _without_names(v) for k, v in value.items() if k != "name"}
+    if isinstance(value, (list, tuple)):
+        return [_without_names(v) for v in value]
+    return value
+
+
+def _model_signature(model) -> str:
+    """The model's class, its layers' classes and configurations (names
+    left out) and its variables' shapes and dtypes, as a digest."""
+    layers = []
+    for layer in keras_internals.flatten_layers(model):
+        if layer is model:
+            continue
+        try:
+            config = _without_names(layer.get_config())
+        except Exception:  # noqa: BLE001 - a custom layer without one
+            config = None
+        layers.append([type(layer).__name__, config])
+    weights = [(list(v.shape), str(v.dtype)) for v in model.weights]
+    return _digest([type(model).__name__, layers, weights])
+
+
+def _optimizer_signature(optimizer) -> tuple[str, str]:
+    """`(readable name, digest)`: the wrapper and inner classes and the inner
+    optimizer's settings without its learning rate (callbacks change that
+    during training) and name."""
+    names = [type(optimizer).__name__]
+    inner = optimizer
+    while getattr(inner, "inner_optimizer", None) is not None:
+        inner = inner.inner_optimizer
+        names.append(type(inner).__name__)
+    try:
+        config = dict(inner.get_config())
+    except Exception:  # noqa: BLE001
+        config = {}
+    for key in ("learning_rate", "name"):
+        config.pop(key, None)
+    return "/".join(names), _digest([names, config])
+
+
+def job_identity(model) -> dict:
+    """Who this `fit` is, for the writer record of the library's own backup.
+
+    Computed at the start of `fit`, before anything is restored, so the same
+    script relaunched computes the same values. `compared` holds what must
+    match for a resume (`COMPARED`); the rest is shown in messages.
+
+    Returns:
+        `{"compared": {...}, "command", "host", "time", "ranks",
+        "slurm_job_id", "pid", "optimizer_name"}`.
+    """
+    optimizer = getattr(model, "optimizer", None)
+    opt_name, opt_digest = (
+        _optimizer_signature(optimizer) if optimizer is not None else ("", "")
+    )
+    prints = shard_fingerprints()
+    script = sys.argv[0] if sys.argv else ""
+    return {
+        "compared": {
+            "script": os.path.abspath(script) if script not in ("", "-c") else script,
+            "arguments": list(sys.argv[1:]),
+            "model": _model_signature(model),
+            "loss": _digest(_serialized(getattr(model, "loss", None))),
+            "optimizer": opt_digest,
+            "data": _digest(prints) if prints else None,
+        },
+        "command": shlex.join(["python", *sys.argv]),
+        "optimizer_name": opt_name,
+        "host": socket.gethostname(),
+        "time": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "ranks": runtime.size(),
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "pid": os.getpid(),
+    }
+
+
+def describe_writer(record: dict | None) -> str:
+    """ "<command> at <time> on <host> (N ranks, Slurm job J)" for messages."""
+    if not record:
+        return "an unknown job (the backup carries no writer record)"
+    extra = f"{record.get('ranks')} rank{'s' if record.get('ranks') != 1 else ''}"
+    if record.get("slurm_job_id"):
+        extra += f", Slurm job {record['slurm_job_id']}"
+    return (
+        f"`{record.get('command')}` at {record.get('time')} on "
+        f"{record.get('host')} ({extra})"
+    )
+
+
+def differences(mine: dict, theirs: dict | None) -> list[str]:
+    """What differs between two job identities, in words (empty: the same job)."""
+    if not theirs or "compared" not in theirs:
+        return ["no writer record (written by an older keras_mpfp16, or by hand)"]
+    a, b = theirs["compared"], mine["compared"]
+    out = []
+    for key in COMPARED:
+        if a.get(key) == b.get(key):
+            continue
+        if key == "script":
+            out.append(f"script ({a.get(key)} vs this job's {b.get(key)})")
+        elif key == "arguments":
+            out.append(
+                f"arguments ({shlex.join(a.get(key) or [])!r} vs this job's "
+                f"{shlex.join(b.get(key) or [])!r})"
+            )
+        elif key == "optimizer":
+            out.append(
+                f"optimizer ({theirs.get('optimizer_name')} vs this job's "
+                f"{mine.get('optimizer_name')}, or its settings)"
+            )
+        elif key == "data":
+            out.append("data (the fingerprint kmp.shard took)")
+        else:
+            out.append(f"{key} (its configuration)")
+    return out
+
+
+def another_job_message(directory: str, mine: dict, theirs: dict | None) -> str:
+    resume = env.setting("PREEMPTION_RESUME").name
+    where = env.setting("PREEMPTION_DIR").name
+    return (
+        f"keras_mpfp16: the preemption backup in {directory} was written by "
+        f"another job: {describe_writer(theirs)}. It differs from this job in: "
+        f"{'; '.join(differences(mine, theirs))}. This fit does not resume from "
+        f"it. To start this job fresh: delete {directory} (or set "
+        f"{resume}=fresh, which deletes it), or give this job its own "
+        f"directory with {where}. To resume from it on purpose (the same job, "
+        f"changed): set {resume}=always."
+    )
+
+
 class OwnBackup(SafeBackupAndRestore):
     """The library's backup for a `fit` without `BackupAndRestore`: written
-    only at a preemption, restored when its directory exists, deleted at the
-    end of a `fit` that ends normally."""
+    only at a preemption, restored when its directory exists and holds a
+    backup of the same job (`job_identity`), deleted at the end of a `fit`
+    that ends normally."""
 
     def on_train_begin(self, logs=None):
-        if runtime.is_root() and (
+        self.job = job_identity(self.model)
+        found = runtime.is_root() and (
             os.path.isdir(self.backup_dir)
             or os.path.isdir(self._old)
             or os.path.isdir(self._new)
-        ):
-            super().on_train_begin(logs)
+        )
+        verdict = None
+        if found:
+            self.recover()
+            verdict = self._verdict()
+        verdict = runtime.broadcast(verdict)
+        if verdict is None:
+            return
+        action, message = verdict
+        if action == "refuse":
+            raise BackupOfAnotherJob(message)
+        if action == "fresh":
+            if runtime.is_root():
+                shutil.rmtree(self.backup_dir, ignore_errors=True)
+                sys.stderr.write(message + "\n")
+            return
+        if runtime.is_root():
+            self.callback.on_train_begin(logs)
+
+    def on_train_end(self, logs=None):
+        super().on_train_end(logs)
+        if runtime.is_root() and not (env.get("PREEMPTION_DIR") or "").strip():
+            # The default `keras_mpfp16_preemption/<script>`: leave no empty
+            # folders behind (ours only; a folder the user named stays).
+            for folder in (os.path.dirname(self.backup_dir), preemption.DEFAULT_DIR):
+                try:
+                    os.rmdir(folder)
+                except OSError:
+                    break
+
+    def _verdict(self) -> tuple[str, str] | None:
+        """Rank 0, after `recover`: `(action, message)` for the backup found."""
+        if not os.path.isdir(self.backup_dir):
+            return None
+        policy = preemption.resume_policy()
+        theirs = self.writer_record()
+        if policy == "fresh":
+            return (
+                "fresh",
+                f"keras_mpfp16: {env.setting('PREEMPTION_RESUME').name}=fresh: "
+                f"deleted the preemption backup in {self.backup_dir} (written by "
+                f"{describe_writer(theirs)}); this fit starts from the beginning.",
+            )
+        if policy == "same-job" and differences(self.job, theirs):
+            return ("refuse", another_job_message(self.backup_dir, self.job, theirs))
+        return ("resume", "")
+
+    def writer_record(self) -> dict | None:
+        """The writer record stored with the backup in `backup_dir`, if any."""
+        _, metadata = keras_internals.backup_paths(self.callback)
+        try:
+            with open(metadata) as f:
+                record = json.load(f).get("keras_mpfp16", {}).get("writer")
+        except (OSError, ValueError, AttributeError):
+            return None
+        return record if isinstance(record, dict) else None
 
     def on_epoch_end(self, epoch, logs=None):
         self._epoch, self._steps = epoch + 1, 0
 
     def on_train_batch_end(self, batch, logs=None):
         self._steps = batch + 1
+
+
+def _file_folders(callback) -> list[str]:
+    """Folders a (possibly wrapped) callback writes files into."""
+    while hasattr(callback, "callback") and callback.callback is not callback:
+        callback = callback.callback
+    out = []
+    for attr in ("filepath", "filename", "backup_dir"):
+        value = getattr(callback, attr, None)
+        if isinstance(value, (str, os.PathLike)) and "://" not in os.fspath(value):
+            path = os.fspath(value)
+            out.append(path if attr == "backup_dir" else os.path.dirname(path))
+    return out
+
+
+def remove_stale_temporaries(callbacks: list, writer=None) -> list[str]:
+    """Rank 0, at the start of a `fit`: deletes the temporary files that
+    killed processes left (`runtime.supervision.atomic_files.remove_stale_temporaries`)
+    in the working directory and in every folder this `fit` writes files
+    into (checkpoints, CSV logs, backups).
+
+    Returns:
+        The paths removed.
+    """
+    folders = ["."]
+    for cb in [*callbacks, writer]:
+        if cb is not None:
+            folders += _file_folders(cb)
+    if writer is not None:
+        folders.append(os.path.dirname(os.fspath(writer.backup_dir)))
+    removed, seen = [], set()
+    for folder in folders:
+        key = os.path.abspath(folder or ".")
+        if key in seen:
+            continue
+        seen.add(key)
+        removed += atomic_files.remove_stale_temporaries(folder or ".")
+    return removed
 
 
 def own_backup_dir() -> str:
@@ -112,12 +388,23 @@ class Preemption(keras.callbacks.Callback):
     # -- resume ----------------------------------------------------------------
 
     def on_train_begin(self, logs=None):
+        if self.writer.job is None:  # the user's BackupAndRestore: recorded only
+            self.writer.job = job_identity(self.model)
         record = self.writer.resume_point() if runtime.is_root() else None
         record = runtime.broadcast(record)
         start = keras_internals.get_initial_epoch(self.model) or 0
         if record and int(record.get("steps_done", 0)) > 0:
             if int(record.get("epoch", -1)) == start:
                 self._resume = record
+        if record and runtime.is_root():
+            steps = int(record.get("steps_done", 0)) if self._resume else 0
+            # One line that cannot be missed, also for an epoch-boundary backup.
+            sys.stderr.write(
+                f"keras_mpfp16: RESUMING from the preemption backup in "
+                f"{self.writer.backup_dir}: epoch {start + 1}, step {steps} "
+                f"(written by {describe_writer(record.get('writer'))})\n"
+            )
+            sys.stderr.flush()
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch, self._steps = epoch, 0
@@ -130,11 +417,6 @@ class Preemption(keras.callbacks.Callback):
         self.front.pending = record.get("metrics") or []
         keras_internals.skip_steps_of_next_epoch.arm(steps)
         self._steps = steps
-        if runtime.is_root():
-            sys.stderr.write(
-                f"keras_mpfp16: resuming epoch {epoch + 1} at step {steps} "
-                f"from the backup in {self.writer.backup_dir}\n"
-            )
 
     # -- stop --------------------------------------------------------------------
 

@@ -24,13 +24,13 @@ from collections.abc import Iterator
 
 import keras
 
+from keras_mpfp16 import runtime
 from keras_mpfp16.callbacks.global_metrics import GlobalMetrics
 from keras_mpfp16.callbacks.timeline import Timeline
 from keras_mpfp16.data.split import split_for_evaluation
 from keras_mpfp16.internals import keras as keras_internals
-from keras_mpfp16.runtime import progress
+from keras_mpfp16.runtime import progress, trace
 from keras_mpfp16.runtime.supervision import preemption
-from keras_mpfp16.runtime.trace import timeline
 from keras_mpfp16.sync import replica
 from keras_mpfp16.sync.checks import check_equal_steps
 from keras_mpfp16.sync.metric_reduction import MetricReduction
@@ -127,6 +127,8 @@ class DistributedRun:
         ours = [*timelines, _RunFirst(self), *user, _RunLast(self)]
         if self.training:
             writer, own = training_preemption.writer_for(user)
+            if runtime.is_root():
+                training_preemption.remove_stale_temporaries(user, writer)
             if writer is not None:
                 # The library's own backup restores before _RunLast syncs.
                 ours[-1:-1] = [writer] if own else []
@@ -224,7 +226,7 @@ class _RunLast(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         model = self.run.model
         replica.agree_on_initial_epoch(model)
-        recorder = timeline.active()
+        recorder = trace.active()
         if recorder is None:
             replica.sync_from_root(model)
         else:
@@ -254,10 +256,12 @@ def fit_run(arguments: dict) -> Iterator[dict]:
     """
     model = arguments["self"]
     run = DistributedRun(model, training=True)
-    # Before Keras's fit: rank 0's variables must exist when it broadcasts
-    # them (on_train_begin), not only once the first step is traced.
-    replica.build_before_fit(model, arguments)
     run.split_validation(arguments)
+    # Before Keras's fit: rank 0's variables must exist when it broadcasts
+    # them (on_train_begin), not only once the first step is traced. After
+    # the validation split: the model is built from the training part, as
+    # Keras's fit builds it.
+    replica.build_before_fit(model, arguments)
     arguments["callbacks"] = run.callbacks(arguments.get("callbacks"))
     run.reduction.set_active(True)
     try:

@@ -2,7 +2,8 @@
 
 `with counting() as calls:` swaps the library's communicator for a proxy
 that counts every collective method called on it, keyed by the method and
-the name the library gives the collective (`stall.collective(name)`), so a
+the name the library gives the collective (an observer registered with
+`runtime.mpi.observers` sees it), so a
 test can tell gradient calls from, e.g., metric reductions or fit-start
 checks. `gradient_calls(calls)` keeps the calls made for the gradient
 reduction: its buckets, sparse gathers and (in releases before the step
@@ -12,8 +13,7 @@ check rode in the first bucket) the separate step check.
 import collections
 import contextlib
 
-from keras_mpfp16.runtime.mpi import world
-from keras_mpfp16.runtime.supervision import stall
+from keras_mpfp16.runtime.mpi import observers, world
 
 _names: list = []
 
@@ -38,26 +38,24 @@ class CountingComm:
 @contextlib.contextmanager
 def counting():
     calls = collections.Counter()
-    original = stall.collective
 
     @contextlib.contextmanager
     def named(name):
         _names.append(name)
         try:
-            with original(name):
-                yield
+            yield
         finally:
             _names.pop()
 
     w = world.world()
     comm = w.comm
-    stall.collective = named
+    observers.register(named)
     w.comm = CountingComm(comm, calls)
     try:
         yield calls
     finally:
         w.comm = comm
-        stall.collective = original
+        observers.unregister(named)
 
 
 GRADIENT_NAMES = ("gradient allreduce", "sparse gradient", "step check")

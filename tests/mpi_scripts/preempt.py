@@ -9,6 +9,7 @@
 - BACKUP `user`: `fit` has a stock `keras.callbacks.BackupAndRestore`
   (save_freq="epoch"); `own`: none (the library's own backup directory,
   `KERAS_MPFP16_PREEMPTION_DIR`, set by the test).
+- an optional 4th argument `sgd`: SGD instead of Adam (another job).
 
 Ranks are seeded differently (rank 0's model wins). Prints one JSON line per
 rank after `fit` returns: the epochs run, the history, a digest of every
@@ -30,6 +31,7 @@ import numpy as np  # noqa: E402
 import keras_mpfp16 as kmp  # noqa: E402
 
 out_dir, mode, backup = sys.argv[1], sys.argv[2], sys.argv[3]
+variant = sys.argv[4] if len(sys.argv) > 4 else ""  # "sgd": another job's optimizer
 rank, n = kmp.rank(), kmp.size()
 EPOCHS, BATCH, STEPS = 3, 4, 20
 MARK_EPOCH, MARK_STEP = 1, 5
@@ -51,7 +53,9 @@ model = keras.Sequential(
     ]
 )
 model.compile(
-    optimizer=kmp.DistributedOptimizer(keras.optimizers.Adam(0.01)),
+    optimizer=kmp.DistributedOptimizer(
+        keras.optimizers.SGD(0.05) if variant == "sgd" else keras.optimizers.Adam(0.01)
+    ),
     loss="binary_crossentropy",
     metrics=["accuracy"],
 )

@@ -34,7 +34,7 @@ if os.environ.get("TIMELINE_TEST_PINGPONG"):
     # Test only: pretend each rank runs its own kernel, so the clocks are
     # aligned by ping-pong with rank 0 (as across hosts). They are in fact
     # the same clock: the measured offset must be within its stated bound.
-    from keras_mpfp16.runtime.trace import timeline as _tl
+    from keras_mpfp16.runtime.trace import clocks as _tl
 
     _tl._boot_id = lambda: f"fake-kernel-{os.environ.get('OMPI_COMM_WORLD_RANK')}"
 style = sys.argv[3] if len(sys.argv) > 3 else "epoch"

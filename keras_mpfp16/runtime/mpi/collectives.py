@@ -13,18 +13,17 @@ from typing import Any
 import numpy as np
 
 from keras_mpfp16 import _validate
-from keras_mpfp16.runtime.mpi import cuda
+from keras_mpfp16.runtime.mpi import cuda, observers
 from keras_mpfp16.runtime.mpi import world as world_module
 from keras_mpfp16.runtime.mpi.wire import lowp_allreduce_sum, validate_wire_dtype
 from keras_mpfp16.runtime.mpi.world import world
-from keras_mpfp16.runtime.supervision import stall
 
 REDUCE_OPS = ("average", "sum", "min", "max")
 
 
 def barrier() -> None:
     """Blocks until every rank has called `barrier()`."""
-    with stall.collective("barrier"):
+    with observers.collective("barrier"):
         world().comm.Barrier()
 
 
@@ -74,7 +73,7 @@ def allreduce(x: Any, op: str = "average", name: str = "allreduce") -> Any:
     if w.comm.Get_size() == 1:
         out[...] = send
     else:
-        with stall.collective(name):
+        with observers.collective(name):
             w.comm.Allreduce(send, out, op=_mpi_op(w.mpi, op))
     if op == "average":
         out = _divide(out, w.comm.Get_size())
@@ -95,7 +94,7 @@ def _allreduce_device(w, x, op):
         cuda.synchronize_device()
         out = xp_arr.copy()
         if w.comm.Get_size() > 1:
-            with stall.collective("allreduce (device)"):
+            with observers.collective("allreduce (device)"):
                 w.comm.Allreduce(w.mpi.IN_PLACE, out, op=_mpi_op(w.mpi, op))
         cuda.path_counts["device"] += 1
         if op == "average":
@@ -135,10 +134,10 @@ def allreduce_flat(
     if wire_dtype == "float32":
         if out is None:
             out = np.empty_like(buf)
-        with stall.collective(name):
+        with observers.collective(name):
             w.comm.Allreduce(buf, out, op=w.mpi.SUM)
     else:
-        with stall.collective(name):
+        with observers.collective(name):
             result = lowp_allreduce_sum(w.comm, buf, wire_dtype)
         if out is None:
             out = result
@@ -165,19 +164,19 @@ def divide_by_size(out: np.ndarray, n: int) -> None:
 def allreduce_sum_into(send, recv, name: str) -> None:
     """`recv` = element-wise sum of every rank's `send` (same dtype and size)."""
     w = world()
-    with stall.collective(name):
+    with observers.collective(name):
         w.comm.Allreduce(send, recv, op=w.mpi.SUM)
 
 
 def alltoall_into(send, recv, name: str) -> None:
     """Rank r receives every rank's r-th equal block of `send`, in rank order."""
-    with stall.collective(name):
+    with observers.collective(name):
         world().comm.Alltoall(send, recv)
 
 
 def allgather_into(send, recv, name: str) -> None:
     """`recv` = every rank's `send` (same size everywhere), in rank order."""
-    with stall.collective(name):
+    with observers.collective(name):
         world().comm.Allgather(send, recv)
 
 
@@ -187,7 +186,7 @@ def allgatherv_bytes(send: np.ndarray, recv: np.ndarray, counts, name: str) -> N
     counts = [int(c) for c in counts]
     displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
     byte = w.mpi.BYTE
-    with stall.collective(name):
+    with observers.collective(name):
         w.comm.Allgatherv(
             [send.view(np.uint8).reshape(-1), byte],
             [recv.view(np.uint8).reshape(-1), (counts, displs), byte],
@@ -214,7 +213,7 @@ def allgather(x: Any) -> np.ndarray:
     arr = np.ascontiguousarray(np.asarray(x))
     if arr.ndim == 0:
         arr = arr.reshape(1)
-    with stall.collective("allgather (shapes)"):
+    with observers.collective("allgather (shapes)"):
         metas = w.comm.allgather((arr.shape, arr.dtype.str))
     first_shape, first_dtype = metas[0][0][1:], metas[0][1]
     for r, (shape, dtype) in enumerate(metas):
@@ -233,7 +232,7 @@ def allgather(x: Any) -> np.ndarray:
     counts = [r * row_elems * arr.dtype.itemsize for r in rows]
     displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
     byte = w.mpi.BYTE
-    with stall.collective("allgather"):
+    with observers.collective("allgather"):
         w.comm.Allgatherv(
             [arr.view(np.uint8).reshape(-1), byte],
             [out.view(np.uint8).reshape(-1), (counts, displs), byte],
@@ -246,7 +245,7 @@ def allgather_object(obj: Any, name: str = "allgather (objects)") -> list:
     w = world()
     if w.comm.Get_size() == 1:
         return [obj]
-    with stall.collective(name):
+    with observers.collective(name):
         return w.comm.allgather(obj)
 
 
@@ -280,7 +279,7 @@ def same_on_all_ranks(value: Any, name: str = "agreement") -> bool:
     d = digest_of(value)
     send = np.array([d, -d], np.int64)
     out = np.empty_like(send)
-    with stall.collective(name):
+    with observers.collective(name):
         w.comm.Allreduce(send, out, op=MPI.MAX)
     return int(out[0]) == -int(out[1])
 
@@ -309,10 +308,10 @@ def broadcast(obj: Any, root: int = 0) -> Any:
         return obj
     is_array = isinstance(obj, np.ndarray)
     meta = (obj.shape, obj.dtype.str) if is_array else None
-    with stall.collective("broadcast (header)"):
+    with observers.collective("broadcast (header)"):
         meta = w.comm.bcast(meta if w.comm.Get_rank() == root else None, root=root)
     if meta is None:
-        with stall.collective("broadcast (object)"):
+        with observers.collective("broadcast (object)"):
             return w.comm.bcast(obj, root=root)
     shape, dtype = meta
     buf = (
@@ -320,7 +319,7 @@ def broadcast(obj: Any, root: int = 0) -> Any:
         if w.comm.Get_rank() == root
         else np.empty(shape, dtype)
     )
-    with stall.collective("broadcast"):
+    with observers.collective("broadcast"):
         w.comm.Bcast(buf.view(np.uint8).reshape(-1), root=root)
     return buf
 
@@ -344,7 +343,7 @@ def broadcast_arrays(arrays: list[np.ndarray], root: int = 0) -> list[np.ndarray
         for a, nb in zip(arrays, nbytes):
             buf[offset : offset + nb] = a.reshape(-1).view(np.uint8)
             offset += nb
-    with stall.collective("broadcast (initial sync)"):
+    with observers.collective("broadcast (initial sync)"):
         w.comm.Bcast(buf, root=root)
     out, offset = [], 0
     for a, nb in zip(arrays, nbytes):

@@ -16,7 +16,7 @@ from collections import Counter
 
 from keras_mpfp16 import _settings as env
 
-ENV_OVERRIDE = "KERAS_MPFP16_CUDA_AWARE"  # registered in _settings.py
+ENV_OVERRIDE = env.setting("CUDA_AWARE").name
 
 # How many gradient collectives ran on each path: "device" (GPU memory handed
 # to MPI), "staged" (GPU tensors copied to the host first), "host" (host

@@ -15,7 +15,7 @@ from keras_mpfp16 import _settings as env
 from keras_mpfp16 import _validate
 from keras_mpfp16.runtime.process import launcher_env as launcher
 
-ENV_VAR = env.setting("BIND_GPUS").name  # registered in _settings.py
+ENV_VAR = env.setting("BIND_GPUS").name
 
 
 def node_gpus() -> int:
@@ -80,20 +80,22 @@ def select_devices(
     return pool[start : start + gpus_per_rank]
 
 
-def _local_rank_and_size() -> tuple[int, int]:
+def _local_rank_and_size(
+    ask_mpi: Callable[[], tuple[int, int]],
+) -> tuple[int, int]:
     launch = launcher.detect()
     if launch is not None and launch.local_rank is not None and launch.local_size:
         return launch.local_rank, launch.local_size
     if launch is None:
         return 0, 1  # a process started alone
     # A launcher that does not announce local ranks: ask MPI.
-    from keras_mpfp16.runtime.mpi import world
-
-    return world.local_rank(), world.local_size()
+    return ask_mpi()
 
 
 def bind(
-    gpus_per_rank: int, framework_initialized: Callable[[], str | None]
+    gpus_per_rank: int,
+    framework_initialized: Callable[[], str | None],
+    ask_mpi: Callable[[], tuple[int, int]],
 ) -> list[str]:
     """Sets `CUDA_VISIBLE_DEVICES` for this local rank (see `kmp.bind_gpus`).
 
@@ -102,12 +104,15 @@ def bind(
         framework_initialized: Returns the name of a framework that has
             already set up its devices, or None; supplied by the backend
             layer (this module imports no framework).
+        ask_mpi: Returns `(local rank, local size)` from MPI, for a launcher
+            that does not announce them; supplied by the caller (this module,
+            below the MPI layer, imports no MPI).
 
     Returns:
         The devices now in `CUDA_VISIBLE_DEVICES` (`[]` without GPUs).
     """
     gpus_per_rank = _validate.positive_int("gpus_per_rank", gpus_per_rank)
-    local_rank, local_size = _local_rank_and_size()
+    local_rank, local_size = _local_rank_and_size(ask_mpi)
     current = os.environ.get("CUDA_VISIBLE_DEVICES")
     wanted = select_devices(
         local_rank, local_size, parse_visible(current), node_gpus(), gpus_per_rank

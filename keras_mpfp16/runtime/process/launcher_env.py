@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from keras_mpfp16 import _settings as _env
 
-ALLOW_MISMATCH_ENV = _env.setting("ALLOW_SIZE_MISMATCH").name  # registered in env
+ALLOW_MISMATCH_ENV = _env.setting("ALLOW_SIZE_MISMATCH").name
 
 
 @dataclass(frozen=True)

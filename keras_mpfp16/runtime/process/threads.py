@@ -20,7 +20,7 @@ import os
 from keras_mpfp16 import _settings as env
 from keras_mpfp16.runtime.process.launcher_env import launcher_local_size
 
-ENV_VAR = "KERAS_MPFP16_THREADS"  # registered in _settings.py
+ENV_VAR = env.setting("THREADS").name
 
 # With more than one core per rank, a second inter-op thread runs the gradient
 # allreduce while the first keeps executing the graph, so communication

@@ -9,10 +9,11 @@ one, never a half-written file. Used by the checkpoint callbacks and by
 from __future__ import annotations
 
 import os
+import re
 import threading
 
+from keras_mpfp16.runtime import trace
 from keras_mpfp16.runtime.process.launcher_env import launcher_rank
-from keras_mpfp16.runtime.trace import timeline
 
 # Keras's save functions dispatch on these endings, so temporary names keep them.
 _SUFFIXES = (".weights.h5", ".keras", ".h5")
@@ -40,6 +41,59 @@ def temporary_path(filepath: str) -> str:
     rank = launcher_rank()
     tag = f"{os.getpid()}" if rank is None else f"{os.getpid()}.r{rank}"
     return os.path.join(directory, f".{stem}.tmp-{tag}{suffix}")
+
+
+# `temporary_path`'s names: `.<stem>.tmp-<pid>[.r<rank>]<suffix>`.
+_TEMPORARY = re.compile(
+    r"^\.(?P<stem>.+)\.tmp-(?P<pid>\d+)(?:\.r(?P<rank>\d+))?"
+    r"(?P<suffix>\.weights\.h5|\.keras|\.h5)?$"
+)
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process with this id runs on this host."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True  # exists (another user's), or cannot tell: keep its file
+    return True
+
+
+def remove_stale_temporaries(directory: str) -> list[str]:
+    """Deletes the temporary files of `atomic_write`s whose process is gone.
+
+    A process killed while writing (SIGKILL, a node failure) leaves its
+    `.<stem>.tmp-<pid>[.r<rank>]<suffix>` file behind, often full size. Those
+    whose process id is not alive on this host are removed; those of live
+    processes (and anything else) are kept.
+
+    Args:
+        directory: Where to look (not recursive); a missing one is fine.
+
+    Returns:
+        The paths removed.
+    """
+    removed = []
+    try:
+        names = os.listdir(directory or ".")
+    except OSError:
+        return removed
+    for name in names:
+        match = _TEMPORARY.match(name)
+        if match is None or _alive(int(match.group("pid"))):
+            continue
+        path = os.path.join(directory, name)
+        try:
+            if os.path.isfile(path):
+                os.remove(path)
+                removed.append(path)
+        except OSError:
+            pass
+    return removed
 
 
 class _Writing(threading.local):
@@ -89,7 +143,7 @@ def atomic_write(filepath: str, write) -> None:
         write: `path -> None`, e.g. `lambda p: model.save(p)`.
     """
     filepath = os.fspath(filepath)
-    recorder = timeline.active()
+    recorder = trace.active()
     if recorder is None or _writing.depth:
         _atomic_write(filepath, write)
         return

@@ -36,7 +36,7 @@ import traceback
 
 from keras_mpfp16 import _settings as env
 
-ENV_VAR = "KERAS_MPFP16_ABORT_ON_EXCEPTION"  # registered in _settings.py
+ENV_VAR = env.setting("ABORT_ON_EXCEPTION").name
 # Seconds MPI_Abort may take before the process ends itself.
 ABORT_GRACE = 5.0
 INTERRUPT_STATUS = 130  # the shell's status for a process ended by SIGINT

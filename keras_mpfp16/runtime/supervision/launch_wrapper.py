@@ -40,7 +40,7 @@ import time
 
 from keras_mpfp16 import _settings as env
 
-VERDICT_ENV = env.setting("LAUNCH_VERDICT").name  # registered in _settings.py
+VERDICT_ENV = env.setting("LAUNCH_VERDICT").name
 NODE_LOST_EXIT_CODE = 69
 GRACE = 5.0  # seconds the launcher may take to end by itself after a verdict
 _MPI_LAUNCHERS = ("mpirun", "mpiexec", "prterun", "orterun")

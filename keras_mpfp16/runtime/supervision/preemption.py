@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
 from typing import Any
 
@@ -82,16 +83,40 @@ class Preempted(SystemExit):
         )
 
 
+def script_name(argv: list[str] | None = None) -> str:
+    """The running script's file name without `.py` (`"interactive"` for a
+    session or `python -c` without one), for the default backup directory."""
+    argv = sys.argv if argv is None else argv
+    first = argv[0] if argv else ""
+    name = os.path.basename(first)
+    if name.endswith(".py"):
+        name = name[:-3]
+    if name in ("", "-c", "-"):
+        return "interactive"
+    if name == "__main__":  # python -m package: the package's name
+        name = os.path.basename(os.path.dirname(first)) or "interactive"
+    return name
+
+
 def settings() -> tuple[bool, str]:
     """`(enabled, directory)` from the environment.
 
     `KERAS_MPFP16_PREEMPTION` (default on; `0`/`false`/`no`/`off` turn it
     off) and `KERAS_MPFP16_PREEMPTION_DIR` (the library's own backup
     directory, used when `fit` has no `BackupAndRestore`; default
-    `./keras_mpfp16_preemption`).
+    `./keras_mpfp16_preemption/<script>`, `<script>` the script's file name
+    without `.py`).
     """
-    directory = (env.get("PREEMPTION_DIR") or "").strip() or DEFAULT_DIR
+    directory = (env.get("PREEMPTION_DIR") or "").strip() or os.path.join(
+        DEFAULT_DIR, script_name()
+    )
     return env.get("PREEMPTION"), directory
+
+
+def resume_policy() -> str:
+    """`KERAS_MPFP16_PREEMPTION_RESUME`: `"same-job"` (default), `"always"`
+    or `"fresh"`: which of the library's own backups a `fit` resumes."""
+    return env.get("PREEMPTION_RESUME")
 
 
 def requested() -> int | None:
@@ -198,5 +223,7 @@ __all__ = [
     "handling",
     "mark_exiting",
     "requested",
+    "resume_policy",
+    "script_name",
     "settings",
 ]

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from keras_mpfp16 import _settings as env
 
-WAIT_ENV = env.setting("EVALUATE_WAIT").name  # registered in _settings.py
+WAIT_ENV = env.setting("EVALUATE_WAIT").name
 DEFAULT_WAIT = env.setting("EVALUATE_WAIT").default
 _TAG_ENTER = 11
 _TAG_VERDICT = 12

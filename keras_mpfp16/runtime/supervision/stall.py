@@ -35,8 +35,9 @@ after which a rank counts as lost, default 30; 0 turns heartbeats off), or
 only runs when MPI provides `MPI_THREAD_MULTIPLE` (mpi4py's default); with a
 lower thread level the inspector stays off and rank 0 says so once.
 
-The messages are named types (`runtime/stall_messages.py`); the text of the
-warnings and errors is built in `runtime/stall_diagnosis.py`.
+The messages are named types (`stall_messages.py`); the text of the
+warnings and errors is built in `stall_diagnosis.py`. The inspector sees the
+MPI layer's collectives through its observer hook (`runtime.mpi.observers`).
 
 Nothing here imports Keras.
 """
@@ -51,6 +52,8 @@ from contextlib import contextmanager
 
 from keras_mpfp16 import _settings as env
 from keras_mpfp16 import _validate
+from keras_mpfp16.runtime import trace
+from keras_mpfp16.runtime.mpi import observers
 from keras_mpfp16.runtime.supervision.stall_diagnosis import (
     cause_different,
     cause_finished,
@@ -64,7 +67,6 @@ from keras_mpfp16.runtime.supervision.stall_messages import (
     Report,
     Wait,
 )
-from keras_mpfp16.runtime.trace import timeline as _timeline_mod
 
 # Registered (with their defaults) in _settings.py.
 TIMEOUT_ENV = env.setting("STALL_TIMEOUT").name
@@ -409,7 +411,7 @@ class Inspector:
                 f"have not arrived.\n  {everyone}\n"
             )
             sys.stderr.flush()
-            recorder = _timeline_mod.active()
+            recorder = trace.active()
             if recorder is not None:
                 recorder.instant(
                     "stall warning",
@@ -461,7 +463,7 @@ class Inspector:
         else:
             head = f"keras_mpfp16 error (rank 0 on host {self.hosts[0]} watching {self.size} ranks)"
         sys.stderr.write(f"{head}: {message}\n")
-        recorder = _timeline_mod.active()
+        recorder = trace.active()
         if recorder is not None:  # the part file keeps why the job ended
             recorder.instant(
                 "stall inspector ends the job", "stall", {"message": message}, "g"
@@ -596,46 +598,21 @@ def inspector() -> Inspector | None:
     return _inspector
 
 
-# Optional timeline of collectives: (name, thread id, start, end) in
-# time.perf_counter() seconds; None when not recording.
-_timeline: list | None = None
-
-
-def record_timeline(on: bool = True) -> None:
-    """Starts (clearing it) or stops recording when each collective runs.
-
-    For measuring where a step's time goes (see `timeline()`); off by
-    default, and costs one list append per collective when on.
-    """
-    global _timeline
-    _timeline = [] if on else None
-
-
-def timeline() -> list[tuple[str, int, float, float]]:
-    """The recorded collectives: `(name, thread id, start, end)`, in
-    `time.perf_counter()` seconds, in the order they ended."""
-    return list(_timeline or [])
-
-
 @contextmanager
 def collective(name: str):
-    """Marks the enclosed MPI call as collective `name` for the inspector
-    (and for the timeline, `runtime.timeline`, when one is recording)."""
-    record = _timeline
-    recorder = _timeline_mod.active()
-    start = time.perf_counter() if record is not None else 0.0
-    start_ns = time.perf_counter_ns() if recorder is not None else 0
-    try:
-        if _inspector is None:
+    """Marks the enclosed MPI call as collective `name` for the inspector.
+
+    Registered with the MPI layer's observers (`runtime.mpi.observers`) at
+    import: every collective the library issues runs inside it.
+    """
+    if _inspector is None:
+        yield
+    else:
+        with _inspector.collective(name):
             yield
-        else:
-            with _inspector.collective(name):
-                yield
-    finally:
-        if record is not None:
-            record.append((name, threading.get_ident(), start, time.perf_counter()))
-        if recorder is not None:
-            recorder.collective(name, start_ns, time.perf_counter_ns())
+
+
+observers.register(collective)
 
 
 # `configure` is the API (docs/api.md); the rest serves the runtime.

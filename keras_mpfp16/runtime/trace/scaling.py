@@ -4,7 +4,7 @@ Pure arithmetic on plain Python data (numpy only), so it is unit-tested on
 synthetic records and computed identically on every rank.
 
 A *step record* is what one rank measured for one train step (times in
-nanoseconds on the job's aligned clock, see `runtime.timeline`)::
+nanoseconds on the job's aligned clock, see `runtime.trace`)::
 
     (step, epoch, begin_ns, end_ns, calls)
 
