@@ -346,6 +346,19 @@ register(
     "daemon forever. `0` turns it off.",
 )
 register(
+    "WIRE_AUTO",
+    "choice",
+    "measure",
+    choices=("measure", "float32", "float16", "bfloat16"),
+    read="when `fit` starts",
+    doc='What `wire_dtype="auto"` does: `measure` times the float32 and the '
+    "float16 wire on this job's links during the first steps of `fit` and "
+    "uses the faster (rank 0 decides, every rank applies its decision); "
+    "`float32`, `float16` or `bfloat16` pins that wire without measuring. "
+    "Rank 0's value is used on every rank. No effect on an explicit "
+    "`wire_dtype`.",
+)
+register(
     "SPARSE_GRADIENTS",
     "choice",
     "auto",
