@@ -333,6 +333,19 @@ register(
     "heartbeats off. Rank 0's value is used on every rank.",
 )
 register(
+    "END_LAUNCHER_AFTER",
+    "float",
+    10.0,
+    minimum=0.0,
+    read="when a rank declares another one lost",
+    value_doc="seconds",
+    doc="Seconds after a rank declared another one lost (heartbeats) before "
+    "it ends its local Open MPI launcher process (`mpirun`/`prterun` on the "
+    "launcher's node, `prted` elsewhere) if that is still running, so that a "
+    "plain `mpirun` exits (non-zero) instead of waiting for the lost node's "
+    "daemon forever. `0` turns it off.",
+)
+register(
     "WIRE_AUTO",
     "choice",
     "measure",

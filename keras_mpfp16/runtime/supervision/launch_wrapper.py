@@ -8,8 +8,9 @@ node's daemon forever (measured: still running 90 s after the cut, with
 status 0. A batch job would sit until its time limit, or report success.
 
 This wrapper runs the launcher command it is given and tells the ranks
-(environment variable `KERAS_MPFP16_LAUNCH_VERDICT`, exported with `-x` to
-`mpirun`/`mpiexec`) a file to write when a rank declares another one lost.
+(environment variable `KERAS_MPFP16_LAUNCH_VERDICT`, added with `-x` to an
+Open MPI `mpirun`/`mpiexec`, found by its `--version`; Hydra's `mpiexec` of
+MPICH / Intel MPI and `srun` pass the environment on by default) a file to write when a rank declares another one lost.
 The verdict is written by any rank that can see the file (a rank on the
 wrapper's node; any rank with a shared filesystem). Once it exists, the
 wrapper gives the launcher `GRACE` seconds to end, kills it (its whole
@@ -64,9 +65,35 @@ def report_lost(message: str) -> None:
         pass  # the rank is ending anyway; the launcher's status is the fallback
 
 
+def launcher_kind(program: str) -> str:
+    """ "open-mpi", "hydra" (MPICH, Intel MPI, MVAPICH) or "other", from the
+    launcher's `--version` output (10 s at most)."""
+    try:
+        out = subprocess.run(
+            [program, "--version"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            stdin=subprocess.DEVNULL,
+        )
+        text = out.stdout + out.stderr
+    except (OSError, subprocess.SubprocessError):
+        return "other"
+    if any(name in text for name in ("Open MPI", "OpenRTE", "PRRTE", "prterun")):
+        return "open-mpi"
+    if "HYDRA" in text.upper():
+        return "hydra"
+    return "other"
+
+
 def _command(argv: list[str]) -> list[str]:
+    """The launcher command with the verdict file's variable passed to the
+    ranks: Open MPI's `-x VAR`; nothing for Hydra (`mpiexec` of MPICH, Intel
+    MPI, MVAPICH passes the whole environment by default: its `-genvall`),
+    Slurm's `srun` (the same) or another command."""
     if os.path.basename(argv[0]) in _MPI_LAUNCHERS:
-        return [argv[0], "-x", VERDICT_ENV, *argv[1:]]
+        if launcher_kind(argv[0]) == "open-mpi":
+            return [argv[0], "-x", VERDICT_ENV, *argv[1:]]
     return list(argv)
 
 
