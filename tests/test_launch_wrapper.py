@@ -57,3 +57,55 @@ def test_the_real_mpirun_is_open_mpi():
     assert launch_wrapper.launcher_kind(mpirun_path()) == "open-mpi"
     assert launch_wrapper.launcher_kind(sys.executable) == "other"
     assert launch_wrapper.launcher_kind("/nonexistent/mpiexec") == "other"
+
+
+def test_restarts_on_a_signal_or_a_lost_node_never_on_an_exception(tmp_path):
+    """`run(..., max_restarts=K)` with stand-in launchers (sh): status 1 (a
+    Python exception) is not retried; a launcher killed by a signal is run
+    again as it was; a lost node's verdict drops the host and lowers -np."""
+    count = tmp_path / "count"
+
+    def runs():
+        return len(count.read_text().splitlines()) if count.exists() else 0
+
+    failing = f"echo run >> {count}; exit 1"
+    assert launch_wrapper.run(["sh", "-c", failing], max_restarts=2) == 1
+    assert runs() == 1
+    count.unlink()
+    marker = tmp_path / "marker"
+    killed_once = (
+        f"echo run >> {count}; [ -e {marker} ] && exit 0; touch {marker}; kill -KILL $$"
+    )
+    assert launch_wrapper.run(["sh", "-c", killed_once], max_restarts=1) == 0
+    assert runs() == 2
+    count.unlink()
+    always_killed = f"echo run >> {count}; kill -KILL $$"
+    assert launch_wrapper.run(["sh", "-c", always_killed], max_restarts=2) == 137
+    assert runs() == 3
+
+
+def test_lost_hosts_are_dropped_from_the_host_list_and_the_size(tmp_path):
+    verdict = (
+        "keras_mpfp16 error (rank 0 on host n1 watching 3 ranks): rank 2 (host n3) "
+        "is unreachable: nothing heard for 30s\n  rank 0 (host n1): waiting"
+    )
+    assert launch_wrapper.lost_hosts(verdict) == ["n3"]
+    assert (
+        launch_wrapper.lost_hosts(
+            "keras_mpfp16 error (rank 2 on host n3): rank 0 (host n1) is unreachable "
+            "from rank 2 (host n3)"
+        )
+        == []
+    )
+    argv = ["mpirun", "-np", "6", "--host", "n1:2,n2:2,n3:2", "python", "t.py"]
+    out, dropped = launch_wrapper.without_hosts(argv, ["n3"])
+    assert out == ["mpirun", "-np", "4", "--host", "n1:2,n2:2", "python", "t.py"]
+    assert dropped == 2
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("n1 slots=2\nn2 slots=2\nn3 slots=2\n")
+    out, dropped = launch_wrapper.without_hosts(
+        ["mpirun", "-n", "6", "--hostfile", str(hostfile), "python", "t.py"], ["n2"]
+    )
+    assert dropped == 2 and out[2] == "4"
+    assert open(out[4]).read() == "n1 slots=2\nn3 slots=2\n"
+    assert launch_wrapper.without_hosts(argv, ["elsewhere"]) == (argv, 0)

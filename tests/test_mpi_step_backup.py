@@ -66,3 +66,61 @@ def test_step_backups_are_whole_and_a_kill_mid_write_resumes_exactly(tmp_path):
             assert values == want["history"][key][1:], key
     assert not (run_dir / "backup").exists()  # a finished fit deletes it
     assert not staged.exists()  # the interrupted write was cleaned up
+
+
+def test_sigkilled_rank_restarts_at_the_same_size_and_ends_identically(tmp_path):
+    """np=3 under `python -m keras_mpfp16.runtime.launch --max-restarts 1`:
+    the last rank SIGKILLed at epoch 2 step 13 (after the step-10 backup);
+    the wrapper logs one restart and runs the job again at the same size;
+    it resumes at epoch 2 step 10 and ends with the uninterrupted np=3
+    run's weights, optimizer state and history, bit for bit; exit 0."""
+    import subprocess
+    import sys
+
+    from mpi_launch import SCRIPTS, mpi_env, mpirun_path
+
+    (tmp_path / "full").mkdir()
+    full = ok(run_mpi(3, "step_backup.py", str(tmp_path / "full"), "full", timeout=400))
+    want = full[0]
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    cmd = [
+        sys.executable,
+        "-m",
+        "keras_mpfp16.runtime.launch",
+        "--max-restarts",
+        "1",
+        mpirun_path(),
+        "-np",
+        "3",
+        "--oversubscribe",
+        "--bind-to",
+        "none",
+        sys.executable,
+        str(SCRIPTS / "step_backup.py"),
+        str(run_dir),
+        "sigkill",
+    ]
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, env=mpi_env({}), timeout=700
+    )
+    result = MPIResult(proc.returncode, proc.stdout, proc.stderr, 0.0)
+    assert proc.returncode == 0, result.describe()
+    assert (run_dir / "killed").exists()
+    restarts = [
+        line
+        for line in proc.stderr.splitlines()
+        if "keras_mpfp16.runtime.launch: restart" in line
+    ]
+    assert len(restarts) == 1, result.describe()
+    assert "restart 1 of 1" in restarts[0] and "size: 3" in restarts[0], restarts
+    assert "killed by a signal" in restarts[0], restarts
+    recs = result.records()
+    assert len(recs) == 3, result.describe()
+    for r in recs:
+        assert r["epochs_run"] == [1, 2], r
+        assert r["first_step"] == 10, r
+        assert r["digest"] == want["digest"], (r["digest"], want["digest"])
+        assert r["iterations"] == want["iterations"]
+        for key, values in r["history"].items():
+            assert values == want["history"][key][1:], key

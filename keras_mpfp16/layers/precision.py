@@ -76,24 +76,27 @@ def keeps_float32_carry(compute_dtype: str) -> bool:
     return compute_dtype in HALF_PRECISION_DTYPES
 
 
-# A float32's 23 mantissa bits less TF32's 10: the low 13 bits, cleared.
-_TF32_HIGH_MASK = -(1 << 13)  # 0xFFFFE000 as an int32
+# Veltkamp's splitting constant for float32 (24 significant bits) into a high
+# part of 24 - 13 = 11 significant bits, which TF32 (10 stored mantissa bits
+# and the implicit one) represents exactly: 2**13 + 1.
+_VELTKAMP_FACTOR = 8193.0
 
 
 def split_tf32(x):
     """`x` (float32) as `(hi, lo)`: `hi` exact in TF32, `lo = x - hi` exact.
 
-    `hi` keeps the sign, exponent and top 10 mantissa bits of `x`; `lo` holds
-    the other 13 bits, so a TF32 product rounds `lo` to about 2**-21 of `x`.
-    Differentiable as the identity through `hi` (`lo` is a constant for the
-    gradient), so `hi + lo` and the products built on it have the gradient
-    of `x`.
+    Veltkamp's splitting (`c = x * (2**13 + 1)`, `hi = c - (c - x)`): plain
+    float32 arithmetic, no bit operations, so every backend and Keras
+    version computes it; `|x|` must stay below about 4e34. `hi` keeps the
+    top 11 significant bits of `x`, `lo` the rest, so a TF32 product rounds
+    `lo` to about 2**-22 of `x`. Differentiable as the identity through `hi`
+    (`lo` is a constant for the gradient), so the products built on the
+    parts have the gradient of the plain product.
     """
     x = ops.cast(x, CARRY_DTYPE)
-    truncated = ops.view(
-        ops.bitwise_and(ops.view(x, "int32"), _TF32_HIGH_MASK), CARRY_DTYPE
-    )
-    lo = ops.stop_gradient(x - truncated)
+    scaled = x * _VELTKAMP_FACTOR
+    high = scaled - (scaled - x)
+    lo = ops.stop_gradient(x - high)
     return x - lo, lo
 
 

@@ -14,6 +14,11 @@ background, a rank 0 killed in the middle of one, and the resume.
   run while the write was in flight.
 - MODE `resume`: the same script run normally again (resumes from the
   backup the kill left).
+- MODE `sigkill`: the last rank, on the first launch only (no
+  `DIR/killed` marker yet), waits at epoch 2 step 13 until rank 0's
+  step-10 backup is on disk, writes the marker and SIGKILLs itself; run
+  under `python -m keras_mpfp16.runtime.launch --max-restarts 1`, the
+  relaunch resumes from that backup.
 
 Prints one JSON line per rank after `fit`: the epochs run, the first step,
 the history, a digest of every model and optimizer variable.
@@ -25,6 +30,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -109,6 +115,23 @@ class Steps(keras.callbacks.Callback):
         Steps.at = (Steps.epochs[-1], batch)
 
     def on_train_batch_end(self, batch, logs=None):
+        if mode == "sigkill" and rank == n - 1 and Steps.at == KILL_AT:
+            marker = os.path.join(out_dir, "killed")
+            if not os.path.exists(marker):
+                meta = os.path.join(backup_dir, "training_metadata.json")
+                deadline = time.monotonic() + 120
+                while time.monotonic() < deadline:
+                    try:
+                        with open(meta) as f:
+                            done = json.load(f)["keras_mpfp16"]
+                        if (done["epoch"], done["steps_done"]) == (1, 10):
+                            break
+                    except (OSError, ValueError, KeyError):
+                        pass
+                    time.sleep(0.1)
+                with open(marker, "w") as f:
+                    f.write("1")
+                os.kill(os.getpid(), signal.SIGKILL)
         if mode != "killed" or rank != 0:
             return
         if in_write.is_set():
