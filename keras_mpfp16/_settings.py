@@ -333,6 +333,32 @@ register(
     "heartbeats off. Rank 0's value is used on every rank.",
 )
 register(
+    "END_LAUNCHER_AFTER",
+    "float",
+    10.0,
+    minimum=0.0,
+    read="when a rank declares another one lost",
+    value_doc="seconds",
+    doc="Seconds after a rank declared another one lost (heartbeats) before "
+    "it ends its local Open MPI launcher process (`mpirun`/`prterun` on the "
+    "launcher's node, `prted` elsewhere) if that is still running, so that a "
+    "plain `mpirun` exits (non-zero) instead of waiting for the lost node's "
+    "daemon forever. `0` turns it off.",
+)
+register(
+    "WIRE_AUTO",
+    "choice",
+    "measure",
+    choices=("measure", "float32", "float16", "bfloat16"),
+    read="when `fit` starts",
+    doc='What `wire_dtype="auto"` does: `measure` times the float32 and the '
+    "float16 wire on this job's links during the first steps of `fit` and "
+    "uses the faster (rank 0 decides, every rank applies its decision); "
+    "`float32`, `float16` or `bfloat16` pins that wire without measuring. "
+    "Rank 0's value is used on every rank. No effect on an explicit "
+    "`wire_dtype`.",
+)
+register(
     "SPARSE_GRADIENTS",
     "choice",
     "auto",

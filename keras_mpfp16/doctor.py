@@ -28,6 +28,7 @@ from keras_mpfp16.backend import devices
 from keras_mpfp16.runtime.mpi import collectives, cuda, world
 from keras_mpfp16.runtime.process import gpus, threads
 from keras_mpfp16.runtime.process import launcher_env as launcher
+from keras_mpfp16.runtime.supervision import stall
 
 _THREAD_VARS = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "OMP_NUM_THREADS")
 
@@ -274,8 +275,9 @@ def diagnose(large_bytes: int = 64 << 20) -> Report:
     if level < MPI.THREAD_MULTIPLE:
         report.problem(
             f"MPI provides thread level {info['thread_level']}, below MULTIPLE: "
-            "the stall inspector, heartbeats and evaluate rendezvous are off",
-            "use an MPI built with thread support; do not lower mpi4py.rc.thread_level",
+            "the stall inspector, heartbeats and evaluate rendezvous are off (a "
+            "lost node is never detected; evaluate on every rank is not split)",
+            stall.THREAD_LEVEL_FIX,
         )
     launch = launcher.detect()
     mpi_size = MPI.COMM_WORLD.Get_size()

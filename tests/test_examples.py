@@ -227,6 +227,7 @@ def test_gpu_bench_smoke(tmp_path):
         "ours-rec-compute",
         "ours-in-compute",
         "ours-notf32",
+        "ours-tf32x3",
     }
     for r in speed.values():
         assert r["step_s"] > 0 and math.isfinite(r["loss"]), r

@@ -185,6 +185,7 @@ PRECISION_PAIRS = [
     ("float32", "compute"),
     ("compute", "float32"),
     ("compute", "compute"),
+    ("tf32x3", "tf32x3"),
 ]
 
 
@@ -498,11 +499,13 @@ def test_keras_file_round_trip(kind, x, tmp_path):
 def test_bad_arguments_raise(kind):
     with pytest.raises(
         ValueError,
-        match=r"'float32', 'split', 'compute'. Received: recurrent_precision='float64'",
+        match=r"'float32', 'split', 'compute', 'tf32x3'. Received: "
+        r"recurrent_precision='float64'",
     ):
         OURS[kind](U, recurrent_precision="float64")
     with pytest.raises(
-        ValueError, match=r"'float32', 'compute'. Received: input_precision='float16'"
+        ValueError,
+        match=r"'float32', 'compute', 'tf32x3'. Received: input_precision='float16'",
     ):
         OURS[kind](U, input_precision="float16")
     with pytest.raises(ValueError, match=r"'auto'.*use_cudnn=yes"):

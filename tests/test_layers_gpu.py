@@ -322,3 +322,72 @@ def test_jit_compile_keeps_xla_and_the_numbers(policy):
     np.testing.assert_allclose(
         results[True][1], results[False][1], rtol=1e-4, atol=1e-5
     )
+
+
+# -- "tf32x3": float32 accuracy from TF32 products -----------------------------
+
+
+def test_split_tf32_is_exact_and_tf32x3_survives_tf32_rounding():
+    from keras_mpfp16.layers.precision import split_tf32, tf32x3_matmul
+
+    rng = np.random.default_rng(6)
+    x = tf.constant(rng.normal(size=(8, 32)).astype("float32"))
+    w = tf.constant(rng.normal(size=(32, 64)).astype("float32"))
+    high, low = (np.asarray(t) for t in split_tf32(x))
+    np.testing.assert_array_equal(high + low, np.asarray(x))
+    np.testing.assert_array_equal(tf32_emulation.round_to_tf32_numpy(high), high)
+    exact = np.asarray(x, "float64") @ np.asarray(w, "float64")
+
+    def error(y):
+        return np.abs(np.asarray(y, "float64") - exact).max() / np.abs(exact).max()
+
+    plain_f32 = error(x @ w)
+    with tf32_emulation.emulated_tf32(("input",), recurrent_rows=-1) as counts:
+        plain_tf32 = error(keras.ops.matmul(x, w))
+        three = error(tf32x3_matmul(x, split_tf32(w)))
+    assert counts["input"] == 4  # the plain product and the three
+    assert plain_tf32 > 100 * plain_f32  # TF32 rounding is visible
+    assert three < 4 * plain_f32 + 1e-7  # and tf32x3 removes it
+    # The gradient is the plain product's.
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch([x, w])
+        a = tf.reduce_sum(tf32x3_matmul(x, split_tf32(w)) ** 2)
+        b = tf.reduce_sum((x @ w) ** 2)
+    for v in (x, w):
+        np.testing.assert_allclose(
+            np.asarray(tape.gradient(a, v)),
+            np.asarray(tape.gradient(b, v)),
+            rtol=1e-5,
+            atol=1e-4,
+        )
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_tf32x3_layer_under_emulated_tf32_matches_float32_products(kind, mixed_float16):
+    """Our layer with `"tf32x3"` products, run with every float32 product
+    rounded to TF32, gives the float32 carry of the `"float32"` products run
+    without TF32 (within float32 rounding); plain `"float32"` products under
+    TF32 do not."""
+    rng = np.random.default_rng(7)
+    x = tf.constant(rng.normal(size=(3, 60, 5)).astype("float32"))
+    cls = mp_layers.LSTM if kind == "lstm" else mp_layers.GRU
+    n_states = 2 if kind == "lstm" else 1
+    h0 = [tf.zeros((3, 6))] * n_states
+
+    def final_states(precision, tf32_on):
+        layer = cls(6, input_precision=precision, recurrent_precision=precision)
+        layer.build(x.shape)
+        layer.set_weights(reference)
+        sites = ("input", "recurrent") if tf32_on else ()
+        with tf32_emulation.emulated_tf32(sites, recurrent_rows=6):
+            _, _, states = layer.inner_loop(x, list(h0), None)
+        return np.concatenate([np.asarray(s) for s in keras.tree.flatten(states)])
+
+    seed = cls(6)
+    seed.build(x.shape)
+    reference = seed.get_weights()
+    f32 = final_states("float32", tf32_on=False)
+    three = final_states("tf32x3", tf32_on=True)
+    plain = final_states("float32", tf32_on=True)
+    np.testing.assert_allclose(three, f32, rtol=1e-5, atol=1e-6)
+    assert np.abs(plain - f32).max() > 10 * np.abs(three - f32).max()

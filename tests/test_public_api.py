@@ -6,6 +6,8 @@ module's parents. `__all__` of the top level and of `runtime` list only what
 users call (no submodules of internals, no validators).
 """
 
+# rewrite_moved_imports: skip (names 0.2's module paths on purpose)
+
 import importlib
 import re
 import types

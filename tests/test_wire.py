@@ -14,6 +14,16 @@ from keras_mpfp16.backend import tf_path, tf_sparse, tf_steps, tf_wire
 from keras_mpfp16.runtime.mpi import cuda, wire
 
 
+@pytest.fixture(params=["ops", "fused"])
+def codec(request, monkeypatch):
+    """Both codec stages of tf_wire: separate ops, and the fused (XLA)
+    functions large buckets use (forced here for small rows)."""
+    threshold = 0 if request.param == "fused" else 2**62
+    monkeypatch.setattr(tf_wire, "FUSED_MIN_ELEMENTS", threshold)
+    monkeypatch.setattr(tf_wire, "OWNER_FUSED_MIN_ELEMENTS", threshold)
+    return request.param
+
+
 def sample_rows(rng, rows=9, cols=257):
     x = rng.normal(size=(rows, cols)) * 10.0 ** rng.integers(-12, 8, size=(rows, 1))
     x = x.astype(np.float32)
@@ -29,7 +39,7 @@ def sample_rows(rng, rows=9, cols=257):
 
 
 @pytest.mark.parametrize("wire_dtype", ["float16", "bfloat16"])
-def test_graph_encoder_matches_numpy_encoder_bit_for_bit(wire_dtype):
+def test_graph_encoder_matches_numpy_encoder_bit_for_bit(wire_dtype, codec):
     rows = sample_rows(np.random.default_rng(0))
     slots = wire.slot_words([3, 123456789012, 17])
     want = wire.encode_rows(rows, wire_dtype, slots)
@@ -66,7 +76,7 @@ def test_float16_rows_neither_flush_nor_overflow():
     assert words[0, 2:].view(np.float16).max() == 2.0**15
 
 
-def test_owner_sum_in_tensorflow_matches_numpy():
+def test_owner_sum_in_tensorflow_matches_numpy(codec):
     rng = np.random.default_rng(2)
     for wire_dtype in ("float16", "bfloat16"):
         # Three senders' rows for one owner, each with its own exponent.
@@ -78,6 +88,8 @@ def test_owner_sum_in_tensorflow_matches_numpy():
         np.testing.assert_allclose(
             wire.decode_rows(got, wire_dtype), wire.decode_rows(want, wire_dtype)
         )
+        if codec == "fused":  # sums in rank order, as numpy does: bit for bit
+            np.testing.assert_array_equal(got, want)
         # A sender's non-finite flag survives into the owner's row.
         recv[1, 1] = wire.FLAG_NONFINITE
         assert tf_wire.owner_sum(tf.constant(recv), wire_dtype, 8).numpy()[0, 1] == 1

@@ -16,6 +16,10 @@ ratios are medians of per-round ratios):
            rank, and two with Open MPI yielding while it waits
   sparse   IMDB-shaped model, 1 Gbit/s, 2 and 4 nodes: Embedding gradients
            densified vs gathered as rows
+  auto     wire_dtype="auto" against the fixed wires, 2 nodes (--nodes),
+           both rates: the dense model (f32, f16, auto) and the IMDB-shaped
+           model with gathered rows (sparse, sparse_f16, sparse_auto);
+           ratios auto / best fixed per round
   horovod  ours vs Horovod 0.28.1 (--horovod-venv, horovod_setup.sh), 2 nodes,
            both rates: the dense model (float32 wire vs no compression, 16-bit
            wire vs Compression.fp16) and the IMDB-shaped model (gathered rows
@@ -53,6 +57,7 @@ HVD_PAIRS = {
     "imdb": {"sparse": "sparse", "dense": "dense"},
 }
 PROBE = HERE / "cluster_linkprobe.py"
+AUTO_CONFIGS = {"dense": "f32,f16,auto", "imdb": "sparse,sparse_f16,sparse_auto"}
 MAIN_CONFIGS = {
     "facts": "compute,f32,f16,bf16,comm_f32,comm_f16,comm_bf16",
     "dense": "compute,f32,f16,bf16,f32_1b,f32_4mb,comm_f32,comm_f16,comm_bf16",
@@ -124,6 +129,15 @@ def summarize(job):
             s[f"{w}/f32 step"] = ratios(raw, w, "f32")
         if f"comm_{w}" in raw and "comm_f32" in raw:
             s[f"{w}/f32 comm"] = ratios(raw, f"comm_{w}", "comm_f32")
+    for auto, fixed in (
+        ("auto", ("f32", "f16")),
+        ("sparse_auto", ("sparse", "sparse_f16")),
+    ):
+        if auto in raw and all(f in raw for f in fixed):
+            rounds = zip(raw[auto], *(raw[f] for f in fixed))
+            s[f"{auto}/best fixed"] = statistics.median(
+                a / min(rest) for a, *rest in rounds
+            )
     if "sparse" in raw and "dense" in raw:
         s["dense/sparse step"] = ratios(raw, "dense", "sparse")
     if "comm_sparse" in raw and "comm_dense" in raw:
@@ -183,7 +197,7 @@ def main():
     p.add_argument(
         "--suite",
         required=True,
-        choices=["link", "main", "overlap", "sparse", "horovod"],
+        choices=["link", "main", "overlap", "sparse", "auto", "horovod"],
     )
     p.add_argument("--horovod-venv", default=".venv-horovod")
     p.add_argument(
@@ -200,6 +214,7 @@ def main():
         "main": "2,3,4",
         "overlap": "2",
         "sparse": "2,4",
+        "auto": "2",
         "horovod": "2",
     }
     horovod_python = str(Path(args.horovod_venv).resolve() / "bin" / "python")
@@ -279,6 +294,16 @@ def main():
                             "inter2_yield",
                         )
                     )
+                elif args.suite == "auto":
+                    for model, configs in AUTO_CONFIGS.items():
+                        if model in args.models.split(","):
+                            jobs.append(
+                                (
+                                    {},
+                                    [WORKER, "--model", model, "--configs", configs],
+                                    model,
+                                )
+                            )
                 else:
                     argv = [
                         WORKER,

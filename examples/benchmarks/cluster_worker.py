@@ -16,10 +16,15 @@ Configurations:
                  gradient communication (all ranks compute at once, as in
                  the distributed step)
   f32 f16 bf16   DistributedOptimizer with that wire, 25 MB buckets
+  auto           wire_dtype="auto" (decided in the warm-up fit; the JSON
+                 records the decision)
   f32_1b         float32 wire, one bucket (reduction after the whole backward)
   f32_4mb        float32 wire, 4 MB buckets
   dense sparse   (imdb) Embedding gradients densified / gathered as rows
                  (KERAS_MPFP16_SPARSE_GRADIENTS when the step is traced)
+  sparse_f16 sparse_auto
+                 (imdb) gathered as rows (sparse="auto"), the dense
+                 gradients on the float16 wire / on wire_dtype="auto"
   comm_<x>       the in-step reduction path alone, on this model's gradient
                  shapes (`bridge.allreduce_gradients` in a tf.function): the
                  communication-only time of configuration <x>
@@ -86,6 +91,11 @@ class Training:
             wire, bucket = "float32", BUCKET_MB
             if config in WIRES:
                 wire = WIRES[config]
+            elif config == "auto":
+                wire = "auto"
+            elif config in ("sparse_f16", "sparse_auto"):
+                self.sparse = "auto"
+                wire = "float16" if config == "sparse_f16" else "auto"
             elif config == "f32_1b":
                 bucket = 4096.0
             elif config == "f32_4mb":
@@ -97,6 +107,7 @@ class Training:
             opt = kmp.DistributedOptimizer(opt, wire_dtype=wire, bucket_size_mb=bucket)
         net.compile(optimizer=opt, loss="binary_crossentropy", jit_compile=False)
         self.net = net
+        self.opt = opt
         self.params = int(sum(np.prod(w.shape) for w in net.trainable_weights))
         self.run(2)  # trace and warm up
 
@@ -252,6 +263,11 @@ def main():
             "seconds_per_step": raw,
             "median": {c: statistics.median(v) for c, v in raw.items()},
             "in_collectives_per_step": inside,
+            "wire_auto": {
+                c: r.opt.wire_decision.as_dict()
+                for c, r in runners.items()
+                if getattr(getattr(r, "opt", None), "wire_decision", None)
+            },
         }
         print(json.dumps(result["median"]), flush=True)
         if args.out:

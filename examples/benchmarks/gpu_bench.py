@@ -26,11 +26,14 @@ is per configuration:
   ours-rec-compute     ... recurrent_precision="compute"
   ours-in-compute      ... input_precision="compute"
   ours-notf32          ours with TF32 off
+  ours-tf32x3          ours, both precisions "tf32x3" (float32 accuracy from
+                       three TF32 products), TF32 on
 
 Part 2, the drift test on the GPU (docs/layers.md's long-memory case): LSTM
 and GRU, gate bias 8, T = 1024 and 4096, relative error of the last 256
 outputs against Keras's float32 layer with TF32 off: Keras mixed_float16,
-Keras float32 with TF32 on, ours default with TF32 on and off.
+Keras float32 with TF32 on, ours default with TF32 on and off, ours with
+"tf32x3" products and TF32 on.
 
 Configurations are skipped (and say so) once `--budget-s` is spent, so a run
 ends in time whatever the GPU.
@@ -65,6 +68,12 @@ CONFIGS = {
     ),
     "ours-in-compute": ("ours", "mixed_float16", True, {"input_precision": "compute"}),
     "ours-notf32": ("ours", "mixed_float16", False, {}),
+    "ours-tf32x3": (
+        "ours",
+        "mixed_float16",
+        True,
+        {"input_precision": "tf32x3", "recurrent_precision": "tf32x3"},
+    ),
 }
 
 
@@ -209,11 +218,22 @@ def drift_worker(args):
                     "mixed_float16",
                     False,
                 ),
+                "ours mixed_float16 tf32x3, TF32 on": (
+                    ln.OUR_CLASSES[kind],
+                    "mixed_float16",
+                    True,
+                ),
             }
             errors = {}
             for name, (cls, policy, tf32_on) in runs.items():
+                kwargs = {}
+                if "tf32x3" in name:
+                    kwargs = {
+                        "input_precision": "tf32x3",
+                        "recurrent_precision": "tf32x3",
+                    }
                 with tf32(tf32_on):
-                    y = ln.run(ln.build(cls, policy, weights, x.shape), x)
+                    y = ln.run(ln.build(cls, policy, weights, x.shape, **kwargs), x)
                 errors[name] = ln.relative_error(y, ref, tail)
             keras_err = errors["keras mixed_float16"]
             print(

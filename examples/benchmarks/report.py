@@ -1029,6 +1029,7 @@ def layers_tf32(folder):
     policy = a["policies"][0]
     bias = a["gate_biases"][0]
     precisions = a["recurrent_precisions"]
+    both_tf32x3 = "tf32x3" in a["input_precisions"] and "tf32x3" in precisions
     rows = []
     for layer in a["layers"]:
         for T in a["lengths"]:
@@ -1040,6 +1041,11 @@ def layers_tf32(folder):
                     ]
                     for r in precisions
                 }
+                extra = []
+                if both_tf32x3:
+                    key = (layer, T, mode, policy, "ours:in=tf32x3,rec=tf32x3")
+                    three = idx[key]["err_vs_f32"]
+                    extra = [pct(three), f"{three / keras16:.3f}"]
                 rows.append(
                     [
                         layer.upper(),
@@ -1049,6 +1055,7 @@ def layers_tf32(folder):
                         pct(idx[(layer, T, mode, "float32", "keras")]["err_vs_f32"]),
                         *(pct(ours[r]) for r in precisions),
                         f"{ours['float32'] / keras16:.3f}",
+                        *extra,
                     ]
                 )
     return (
@@ -1067,6 +1074,11 @@ def layers_tf32(folder):
                     for r in precisions
                 ),
                 "ours default / Keras " + policy,
+                *(
+                    ["ours in=tf32x3, rec=tf32x3", "tf32x3 / Keras " + policy]
+                    if both_tf32x3
+                    else []
+                ),
             ],
             rows,
         )

@@ -153,25 +153,39 @@ def main(argv=None) -> int:
     by_n = collect(args.inputs)
     ns = list(by_n)
     table = []
-    header = "| cost | " + " | ".join(f"N={n}" for n in ns) + " | growth N^p |"
+    header = (
+        "| cost | "
+        + " | ".join(f"N={n}" for n in ns)
+        + " | growth N^p | p, N ≥ 4 (all oversubscribed) |"
+    )
     table.append(header)
-    table.append("|---" * (len(ns) + 2) + "|")
+    table.append("|---" * (len(ns) + 3) + "|")
+    fits4 = {}
     fits = {}
     for key, label, factor, unit in ROWS:
         vals = [by_n[n].get(key) for n in ns]
         p_ = growth(ns, vals)
         fits[key] = p_
+        big = [(n, v) for n, v in zip(ns, vals) if n >= 4]
+        p4 = growth([n for n, _ in big], [v for _, v in big])
+        fits4[key] = p4
         cells = ["–" if v is None else f"{v * factor:.3g}" for v in vals]
         table.append(
             f"| {label} ({unit}) | "
             + " | ".join(cells)
-            + f" | {'–' if p_ is None else f'{p_:.2f}'} |"
+            + f" | {'–' if p_ is None else f'{p_:.2f}'}"
+            + f" | {'–' if p4 is None else f'{p4:.2f}'} |"
         )
     print("\n".join(table))
     if args.out:
         Path(args.out).write_text(
             json.dumps(
-                {"inputs": args.inputs, "costs": by_n, "growth_exponent": fits},
+                {
+                    "inputs": args.inputs,
+                    "costs": by_n,
+                    "growth_exponent": fits,
+                    "growth_exponent_n_ge_4": fits4,
+                },
                 indent=1,
             )
             + "\n"

@@ -20,6 +20,8 @@ import tensorflow as tf
 
 from keras_mpfp16.backend.tf_gradients import (  # noqa: F401  (the bridge's API)
     allreduce_gradients,
+    dense_bucket_sizes,
+    probe_wire,
 )
 from keras_mpfp16.backend.tf_order import ordered
 from keras_mpfp16.backend.tf_path import reduction_path  # noqa: F401  (bridge API)

@@ -26,6 +26,7 @@ reduction of one bucket, and `allreduce_gradients`.
 from __future__ import annotations
 
 import re
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -502,3 +503,60 @@ def allreduce_gradients(
         tf.reduce_all(tf.stack(finite_flags)) if finite_flags else tf.constant(True)
     )
     return reduced, finite
+
+
+# -- wire_dtype="auto": what goes on the dense wire, and its timing ------------------------
+
+
+def dense_bucket_sizes(grads, shapes, bucket_bytes: int, sparse: str | None = None):
+    """Elements per dense bucket `allreduce_gradients` would send for `grads`
+    (trace-time Python: the plan, not the data). Gradients gathered as rows
+    are not on the dense wire; with `sparse="auto"` they may still be
+    densified at run time, which this does not count."""
+    shapes = [tf.TensorShape(s) for s in shapes]
+    present = [
+        i
+        for i, (g, s) in enumerate(zip(grads, shapes))
+        if g is not None and not reduced_as_slices(g, s, sparse_mode(sparse))
+    ]
+    sizes = [shapes[i].num_elements() for i in present]
+    plan = plan_buckets([4 * s for s in sizes], bucket_bytes) if present else []
+    return [sum(sizes[j] for j in bucket) for bucket in plan]
+
+
+def probe_wire(sizes, wires, pairs: int) -> dict:
+    """This rank's time to reduce one bucket of each size on each wire, as the
+    train step does it (fused, encoded, reduced, decoded, split), `pairs`
+    interleaved rounds after a warm-up call (the trace). Collective: every
+    rank calls it with the same arguments.
+
+    Returns:
+        `{elements: {wire: [seconds per round]}}`.
+    """
+    out = {}
+    for elements in sizes:
+        flat = tf.random.stateless_normal([elements], seed=[world.rank(), 7]) * 1e-3
+        calls = {}
+        for w in wires:
+
+            @tf.function(autograph=False)
+            def call(t, w=w, elements=elements):
+                reduced, _ = allreduce_gradients(
+                    [t],
+                    shapes=[(elements,)],
+                    op="sum",
+                    wire_dtype=w,
+                    bucket_bytes=4 * elements + 1,
+                )
+                return reduced[0]
+
+            call(flat).numpy()  # trace and warm
+            calls[w] = call
+        times = {w: [] for w in wires}
+        for r in range(pairs):
+            for w in wires if r % 2 == 0 else wires[::-1]:
+                t0 = time.perf_counter()
+                calls[w](flat).numpy()
+                times[w].append(time.perf_counter() - t0)
+        out[int(elements)] = times
+    return out

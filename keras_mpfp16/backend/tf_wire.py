@@ -9,6 +9,19 @@ on the device the gradients live on), while `runtime/wire.py`'s numpy codec
 serves numpy callers (`allreduce_flat`) and must not import a backend. Ranks
 may mix the two, so they must agree bit for bit: tests/test_wire.py compares
 this encoder, decoder and owner's sum with the numpy ones.
+
+Fused stages: the owner's sum and its re-encode run as one XLA-compiled
+function (`jit_compile=True`; eager elsewhere, it still runs inline in the
+reduction's py_function), and so does the train step's encode of buckets of
+at least `FUSED_MIN_ELEMENTS` elements (nested in the step, which itself
+stays uncompiled): the row maxima, the non-finite check, the scaling, the
+cast and the header in one read of the float32 rows and one write of the
+words instead of five kernels with a buffer each. Same words bit for bit
+(the scales are powers of two, so every product is exact; only the cast and
+the owner's float32 sum round, in the same order). The decode stays
+separate ops: XLA's float16 -> float32 conversion measured slower than
+TensorFlow's cast, which dominates it. Measured in
+examples/benchmarks/wire_codec.py (docs/benchmarks.md, "The 16-bit codec").
 """
 
 from __future__ import annotations
@@ -22,6 +35,17 @@ TF_WIRE_DTYPES = {"float16": tf.float16, "bfloat16": tf.bfloat16}
 _H = wire.HEADER_WORDS
 _EXP = wire.EXPONENT_WORD
 _FLAGS = wire.FLAGS_WORD
+
+# Buckets of at least this many elements encode in one fused (XLA) function;
+# owners' sums of at least OWNER_FUSED_MIN_ELEMENTS (all: eager, the separate
+# ops cost ~2 ms of dispatch even for small rows) sum and re-encode in one.
+FUSED_MIN_ELEMENTS = 2**20
+OWNER_FUSED_MIN_ELEMENTS = 0
+
+
+def _fused(rows, threshold) -> bool:
+    count = rows.shape.num_elements()
+    return count is not None and count >= threshold
 
 
 def pow2(exponent):
@@ -58,12 +82,26 @@ def encode_rows(rows, wire_dtype: str, flag: bool, slots=None, force_flag=None):
     `flag`: compute the non-finite flag (always for float16, which needs the
     row maxima anyway; for bfloat16 only where asked: owners).
     """
+    # (Tile has no uint16 kernel; int16 has the same bits.)
+    slot16 = None if slots is None else tf.bitcast(slots, tf.int16)
+    if _fused(rows, FUSED_MIN_ELEMENTS):
+        return _encode_fused(rows, wire_dtype, flag, slot16, force_flag)
+    return _encode(rows, wire_dtype, flag, slot16, force_flag)
+
+
+def _encode(rows, wire_dtype, flag, slot16, force_flag, fused=False):
     r = rows.shape[0]
     zeros = tf.zeros([r], tf.uint16)
     bad = None
     if wire_dtype == "float16" or flag:
         amax = tf.maximum(tf.reduce_max(rows, 1), -tf.reduce_min(rows, 1))
-        bad = tf.logical_not(tf.math.is_finite(amax))
+        if fused:
+            # XLA's max does not propagate NaN, so the maxima cannot tell:
+            # a sibling reduction (same pass over the rows) does.
+            bad = tf.reduce_any(tf.logical_not(tf.math.is_finite(rows)), 1)
+            amax = tf.where(bad, tf.constant(float("nan")), amax)
+        else:
+            bad = tf.logical_not(tf.math.is_finite(amax))
     if wire_dtype == "float16":
         exp = fp16_exponents(amax)
         values = tf.cast(rows * pow2(exp)[:, None], tf.float16)
@@ -79,12 +117,16 @@ def encode_rows(rows, wire_dtype: str, flag: bool, slots=None, force_flag=None):
     header = [None] * _H
     header[_EXP], header[_FLAGS] = exp_words, flags
     pieces = [tf.stack(header, 1)]
-    if slots is not None:
-        # (Tile has no uint16 kernel; int16 has the same bits.)
-        tiled = tf.tile(tf.bitcast(slots, tf.int16)[None, :], [r, 1])
+    if slot16 is not None:
+        tiled = tf.tile(slot16[None, :], [r, 1])
         pieces.append(tf.bitcast(tiled, tf.uint16))
     pieces.append(tf.bitcast(values, tf.uint16))
     return tf.concat(pieces, 1)
+
+
+@tf.function(jit_compile=True, autograph=False)
+def _encode_fused(rows, wire_dtype, flag, slot16, force_flag):
+    return _encode(rows, wire_dtype, flag, slot16, force_flag, fused=True)
 
 
 def decode_rows(words, wire_dtype: str, scale: float):
@@ -113,8 +155,12 @@ def owner_sum(recv, wire_dtype: str, slot_words: int):
 
     Eager ops, not a tf.function: called from a py_function, whose thread may
     be the rank's only inter-op thread, a nested function call would wait
-    for that thread forever. Eager kernels run inline.
+    for that thread forever. Eager kernels run inline, and so does an
+    XLA-compiled function (one launch kernel): large rows take the fused
+    stage, which sums in rank order like `wire.owner_sum`.
     """
+    if _fused(recv, OWNER_FUSED_MIN_ELEMENTS):
+        return _owner_sum_fused(recv, wire_dtype, slot_words)
     values = tf.cast(
         tf.bitcast(recv[:, _H + slot_words :], TF_WIRE_DTYPES[wire_dtype]), tf.float32
     )
@@ -131,3 +177,27 @@ def owner_sum(recv, wire_dtype: str, slot_words: int):
         tf.not_equal(tf.bitwise.bitwise_and(recv[:, _FLAGS], wire.FLAG_NONFINITE), 0)
     )
     return encode_rows(partial[None, :], wire_dtype, flag=True, force_flag=carried)
+
+
+def _owner_sum_rank_order(recv, wire_dtype, slot_words):
+    """The fused owner's step: rows decoded and added in rank order (one
+    loop, one read of the rows in XLA), then encoded in the same function."""
+    values = tf.cast(
+        tf.bitcast(recv[:, _H + slot_words :], TF_WIRE_DTYPES[wire_dtype]), tf.float32
+    )
+    if wire_dtype == "float16":
+        weights = pow2(-tf.cast(tf.bitcast(recv[:, _EXP], tf.int16), tf.int32))
+        partial = values[0] * weights[0]
+        for i in range(1, recv.shape[0]):
+            partial = partial + values[i] * weights[i]
+    else:
+        partial = values[0]
+        for i in range(1, recv.shape[0]):
+            partial = partial + values[i]
+    carried = tf.reduce_any(
+        tf.not_equal(tf.bitwise.bitwise_and(recv[:, _FLAGS], wire.FLAG_NONFINITE), 0)
+    )
+    return _encode(partial[None, :], wire_dtype, True, None, carried, fused=True)
+
+
+_owner_sum_fused = tf.function(_owner_sum_rank_order, jit_compile=True, autograph=False)

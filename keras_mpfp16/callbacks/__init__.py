@@ -17,6 +17,8 @@ Rank-0-only output (`print_once`, `root_stdout_only`) is at the top level
 (`keras_mpfp16.print_once`): it is no callback.
 """
 
+# rewrite_moved_imports: skip (names 0.2's module paths on purpose)
+
 from keras_mpfp16._deprecation import moved_names
 from keras_mpfp16.callbacks.checkpoint import AtomicModelCheckpoint
 from keras_mpfp16.callbacks.global_metrics import GlobalMetrics

@@ -3,6 +3,8 @@
 Its names keep working until 0.4, each use warning with what to call instead.
 """
 
+# rewrite_moved_imports: skip (names 0.2's module paths on purpose)
+
 from keras_mpfp16._deprecation import moved_module
 
 __getattr__ = moved_module(

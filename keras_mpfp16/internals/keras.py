@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import keras
+import numpy as np
 
 from keras_mpfp16.internals import Internal, KerasInternalsError
 
@@ -709,6 +710,110 @@ def set_backup_paths(
     backup_paths(callback)  # raises if Keras no longer has them
     callback._weights_path = weights
     callback._training_metadata_path = metadata
+
+
+WEIGHTS_SNAPSHOT = _register(
+    "keras.weights_snapshot",
+    "keras.src.saving.saving_lib._save_state / H5IOStore",
+    "step-level BackupAndRestore under mpirun (the state copied in the step, "
+    "the .weights.h5 file written in the background)",
+)
+_saving_lib = _resolve(WEIGHTS_SNAPSHOT, "keras.src.saving", "saving_lib")
+_save_state = getattr(_saving_lib, "_save_state", None)
+_H5IOStore = getattr(_saving_lib, "H5IOStore", None)
+if _saving_lib is not None:
+    _check_signature(
+        WEIGHTS_SNAPSHOT,
+        _save_state,
+        (
+            "saveable",
+            "weights_store",
+            "assets_store",
+            "inner_path",
+            "visited_saveables",
+        ),
+    )
+    if _H5IOStore is None:
+        _import_problems.append((WEIGHTS_SNAPSHOT, "H5IOStore is not defined"))
+
+
+def _snapshot_store_class():
+    class _SnapshotStore(_H5IOStore):
+        """Records what Keras's weight saving would write, as numpy copies:
+        `make(path, metadata)` opens an entry, `entry[key] = value` fills it."""
+
+        def __init__(self):  # no file: nothing of H5IOStore's state is used
+            self.entries: list[tuple[str, Any, dict]] = []
+
+        def __bool__(self):
+            return True
+
+        def make(self, path, metadata=None):
+            entry: dict = {}
+            self.entries.append((path, metadata, entry))
+            return _CopyingEntry(entry)
+
+        def close(self):
+            pass
+
+    return _SnapshotStore
+
+
+class _CopyingEntry:
+    def __init__(self, values: dict):
+        self.values = values
+
+    def __setitem__(self, key, value):
+        self.values[key] = np.array(keras.ops.convert_to_numpy(value), copy=True)
+
+    def __len__(self):
+        return len(self.values)
+
+
+def snapshot_weights(model: keras.Model) -> list:
+    """A host-memory copy of everything `model.save_weights` would write
+    (the model's and its optimizer's variables, with Keras's file layout).
+
+    Returns:
+        An opaque snapshot for `write_weights_snapshot`; nothing in it refers
+        to the model any more, so training may go on while it is written.
+    """
+    if _save_state is None or _H5IOStore is None:
+        raise _error(WEIGHTS_SNAPSHOT, "keras.src.saving.saving_lib has changed")
+    if not model.built:
+        raise ValueError(
+            f"Cannot back up model {model.name!r}: it is not built. Build it "
+            "(call it on a batch of data) before `fit`."
+        )
+    store = _snapshot_store_class()()
+    try:
+        _save_state(
+            model,
+            weights_store=store,
+            assets_store=None,
+            inner_path="",
+            visited_saveables=set(),
+        )
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise _error(WEIGHTS_SNAPSHOT, f"{type(exc).__name__}: {exc}") from exc
+    return store.entries
+
+
+def write_weights_snapshot(snapshot: list, path: str) -> None:
+    """Writes a `snapshot_weights` copy to `path` (a `.weights.h5` file that
+    `model.load_weights` reads, as `model.save_weights` would have written
+    it). Touches no Keras object: safe in a background thread."""
+    store = _H5IOStore(path, mode="w")
+    try:
+        for inner_path, metadata, values in snapshot:
+            if metadata is None:
+                entry = store.make(inner_path)
+            else:
+                entry = store.make(inner_path, metadata)
+            for key, value in values.items():
+                entry[key] = value
+    finally:
+        store.close()
 
 
 ARRAY_DATASET = _register(

@@ -43,6 +43,7 @@ from keras_mpfp16.internals.keras import (
     STEP_FUNCTIONS,
     SYMBOLIC_BUILD,
     TRAIN_VALIDATION_SPLIT,
+    WEIGHTS_SNAPSHOT,
     array_data_adapter,
     array_datasets_without_autotune,
     autocast_scope,
@@ -68,9 +69,11 @@ from keras_mpfp16.internals.keras import (
     set_initial_epoch,
     set_learning_rate_slot,
     skip_steps_of_next_epoch,
+    snapshot_weights,
     symbolic_build,
     train_validation_split,
     trainer_module,
+    write_weights_snapshot,
 )
 
 
@@ -381,6 +384,31 @@ def _probe_backup_paths() -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
+def _probe_weights_snapshot() -> None:
+    import os
+    import tempfile
+
+    import numpy as np
+
+    model = _tiny_model()
+    model.compile(optimizer="adam", loss="mse")
+    model.fit(np.ones((4, 2)), np.ones((4, 1)), verbose=0)
+    snapshot = snapshot_weights(model)
+    before = [np.array(v) for v in model.variables + model.optimizer.variables]
+    model.fit(np.ones((4, 2)), np.zeros((4, 1)), verbose=0)  # changes everything
+    directory = tempfile.mkdtemp()
+    path = os.path.join(directory, "s.weights.h5")
+    write_weights_snapshot(snapshot, path)
+    model.load_weights(path)
+    after = [np.array(v) for v in model.variables + model.optimizer.variables]
+    if len(before) != len(after) or any(
+        not np.array_equal(a, b) for a, b in zip(before, after)
+    ):
+        raise AssertionError("a written snapshot did not restore the copied state")
+    os.remove(path)
+    os.rmdir(directory)
+
+
 def _probe_metrics_result_or_logs() -> None:
     model = _tiny_model()
     model.compile(optimizer="sgd", loss="mse")
@@ -595,6 +623,7 @@ PROBES = {
     DATA_ADAPTER.accessor: _probe_fit_data_adapter,
     INTERACTIVE_LOGGING.accessor: _probe_interactive_logging_gate,
     BACKUP_PATHS.accessor: _probe_backup_paths,
+    WEIGHTS_SNAPSHOT.accessor: _probe_weights_snapshot,
     ARRAY_DATASET.accessor: _probe_array_datasets,
     METRICS_RESULT_OR_LOGS.accessor: _probe_metrics_result_or_logs,
     TRAIN_VALIDATION_SPLIT.accessor: _probe_train_validation_split,

@@ -122,9 +122,11 @@ TF32_NOTICE = (
     "to a 10-bit mantissa, as float16 does. Emulated on a CPU "
     "(docs/layers.md, 'TF32, emulated'), that left long-memory LSTMs "
     "(forget bias 8, T=4096) with up to 0.69x the drift of Keras's float16 "
-    "layer instead of 0.001x; short memories stay well below. To compute them "
-    "in float32, call tf.config.experimental.enable_tensor_float_32_execution"
-    "(False) before building the model (it applies to the whole process)."
+    "layer instead of 0.001x; short memories stay well below. For float32 "
+    "accuracy pass input_precision='tf32x3', recurrent_precision='tf32x3' "
+    "(three TF32 products each, no cuDNN), or turn TF32 off for the whole "
+    "process: tf.config.experimental.enable_tensor_float_32_execution(False) "
+    "before building the model."
 )
 
 

@@ -52,11 +52,13 @@ class GRU(Float32CarryRNN, keras.layers.GRU):
         recurrent_precision: Precision of `h @ recurrent_kernel` under a
             16-bit compute dtype: `"float32"` (default), `"split"` (two
             half-precision products on the high and low parts of `h`) or
-            `"compute"` (`h` rounded to the compute dtype for the product).
-            Ignored under float32.
+            `"compute"` (`h` rounded to the compute dtype for the product),
+            or `"tf32x3"` (float32 accuracy from three products that TF32
+            rounding leaves exact: for GPUs with TF32 on). Ignored under
+            float32.
         input_precision: Precision of the input projection `x @ kernel`
-            under a 16-bit compute dtype: `"float32"` (default) or
-            `"compute"`. Ignored under float32.
+            under a 16-bit compute dtype: `"float32"` (default),
+            `"compute"` or `"tf32x3"`. Ignored under float32.
 
     Call arguments:
         sequences: A 3D tensor `(batch, timesteps, features)`.

@@ -12,6 +12,12 @@ between time steps. Two products remain where a weight matrix is involved:
   `h`, keeps the rounding of `U` and of each product.
 - `"compute"`: `h` and `U` rounded to the compute dtype for the product (the
   carry itself stays float32): what a float32 carry alone buys.
+- `"tf32x3"`: float32 accuracy on hardware that rounds float32 products to
+  TF32 (Ampere and later GPUs with TF32 on): `h = hi + lo` and `U = Hi + Lo`,
+  each `hi`/`Hi` exact in TF32 (10 mantissa bits), and
+  `h @ U ~ hi @ Hi + hi @ Lo + lo @ Hi`, three float32 products whose TF32
+  rounding only touches the small terms. Three times the multiply work of
+  `"float32"`: for a GPU with TF32 on, not for a CPU.
 
 `input_precision`, the input projection `x @ W`, one product for the whole
 sequence outside the time loop:
@@ -20,6 +26,7 @@ sequence outside the time loop:
   in float32, so float32 data is not rounded first).
 - `"compute"`: in the compute dtype, as Keras does; the bias is still added in
   float32.
+- `"tf32x3"`: as for `recurrent_precision`, three TF32-exact products.
 
 Why the defaults: with a long-memory gate (LSTM forget bias 8, T = 4096) any
 half-precision rounding inside the recurrence, even of the input alone, moved
@@ -41,10 +48,10 @@ from keras import ops
 
 from keras_mpfp16 import _validate
 
-RECURRENT_PRECISIONS = ("float32", "split", "compute")
+RECURRENT_PRECISIONS = ("float32", "split", "compute", "tf32x3")
 DEFAULT_RECURRENT_PRECISION = "float32"
 
-INPUT_PRECISIONS = ("float32", "compute")
+INPUT_PRECISIONS = ("float32", "compute", "tf32x3")
 DEFAULT_INPUT_PRECISION = "float32"
 
 # Compute dtypes for which the layers run their own float32-carry loop. Under
@@ -69,6 +76,43 @@ def keeps_float32_carry(compute_dtype: str) -> bool:
     return compute_dtype in HALF_PRECISION_DTYPES
 
 
+# Veltkamp's splitting constant for float32 (24 significant bits) into a high
+# part of 24 - 13 = 11 significant bits, which TF32 (10 stored mantissa bits
+# and the implicit one) represents exactly: 2**13 + 1.
+_VELTKAMP_FACTOR = 8193.0
+
+
+def split_tf32(x):
+    """`x` (float32) as `(hi, lo)`: `hi` exact in TF32, `lo = x - hi` exact.
+
+    Veltkamp's splitting (`c = x * (2**13 + 1)`, `hi = c - (c - x)`): plain
+    float32 arithmetic, no bit operations, so every backend and Keras
+    version computes it; `|x|` must stay below about 4e34. `hi` keeps the
+    top 11 significant bits of `x`, `lo` the rest, so a TF32 product rounds
+    `lo` to about 2**-22 of `x`. Differentiable as the identity through `hi`
+    (`lo` is a constant for the gradient), so the products built on the
+    parts have the gradient of the plain product.
+    """
+    x = ops.cast(x, CARRY_DTYPE)
+    scaled = x * _VELTKAMP_FACTOR
+    high = scaled - (scaled - x)
+    lo = ops.stop_gradient(x - high)
+    return x - lo, lo
+
+
+def tf32x3_matmul(x, kernel_parts):
+    """`x @ W` from three TF32-exact float32 products (see `split_tf32`).
+
+    Args:
+        x: float32 left operand.
+        kernel_parts: `split_tf32(W)`, computed once outside any time loop.
+    """
+    high, low = kernel_parts
+    x_high, x_low = split_tf32(x)
+    small = ops.matmul(x_high, low) + ops.matmul(x_low, high)
+    return ops.matmul(x_high, high) + small
+
+
 class RecurrentProduct:
     """`h @ U` for a float32 `h`, in the chosen precision, returning float32.
 
@@ -87,6 +131,8 @@ class RecurrentProduct:
         self.compute_dtype = compute_dtype
         if precision == "float32":
             self.kernel = ops.cast(kernel, CARRY_DTYPE)
+        elif precision == "tf32x3":
+            self.kernel = split_tf32(kernel)
         else:
             self.kernel = ops.cast(kernel, compute_dtype)
 
@@ -95,12 +141,17 @@ class RecurrentProduct:
         part = object.__new__(RecurrentProduct)
         part.precision = self.precision
         part.compute_dtype = self.compute_dtype
-        part.kernel = self.kernel[:, start:stop]
+        if self.precision == "tf32x3":
+            part.kernel = tuple(k[:, start:stop] for k in self.kernel)
+        else:
+            part.kernel = self.kernel[:, start:stop]
         return part
 
     def __call__(self, h):
         if self.precision == "float32":
             return ops.matmul(h, self.kernel)
+        if self.precision == "tf32x3":
+            return tf32x3_matmul(h, self.kernel)
         high = ops.cast(h, self.compute_dtype)
         if self.precision == "compute":
             return ops.cast(ops.matmul(high, self.kernel), CARRY_DTYPE)

@@ -23,6 +23,8 @@ from keras_mpfp16.layers.lane_reset import reset_state_lanes
 from keras_mpfp16.layers.precision import (
     CARRY_DTYPE,
     keeps_float32_carry,
+    split_tf32,
+    tf32x3_matmul,
     validate_input_precision,
     validate_recurrent_precision,
 )
@@ -260,22 +262,37 @@ class Float32CarryRNN:
         one mask shared by all gates, or one per gate (implementation 1).
         """
         cell = self.cell
-        dtype = CARRY_DTYPE if self.input_precision == "float32" else self.compute_dtype
+        exact = self.input_precision in ("float32", "tf32x3")
+        dtype = CARRY_DTYPE if exact else self.compute_dtype
         sequences = ops.cast(sequences, CARRY_DTYPE)
         if time_major:
             sequences = ops.transpose(sequences, (1, 0, 2))
         time_axis = 0 if time_major else 1
-        kernel = ops.cast(kernel, dtype)
+        if self.input_precision == "tf32x3":
+            parts = split_tf32(kernel)
+
+            def matmul(a, k):
+                return tf32x3_matmul(a, tuple(p[:, k] for p in parts))
+
+            kernel = slice(None)  # the column range each product takes
+        else:
+            kernel = ops.cast(kernel, dtype)
+            matmul = ops.matmul
         if not (training and 0.0 < cell.dropout < 1.0):
-            projected = ops.matmul(ops.cast(sequences, dtype), kernel)
+            projected = matmul(ops.cast(sequences, dtype), kernel)
         else:
             masks = cell.get_dropout_mask(ops.take(sequences, 0, axis=time_axis))
-            if isinstance(masks, (list, tuple)):
+            if isinstance(masks, (list, tuple)) and isinstance(kernel, slice):
+                width = self.cell.units
+                gate_kernels = [
+                    slice(g * width, (g + 1) * width) for g in range(gate_count)
+                ]
+            elif isinstance(masks, (list, tuple)):
                 gate_kernels = ops.split(kernel, gate_count, axis=1)
             else:
                 masks, gate_kernels = [masks], [kernel]
             products = [
-                ops.matmul(
+                matmul(
                     ops.cast(
                         sequences
                         * ops.expand_dims(ops.cast(m, CARRY_DTYPE), time_axis),
@@ -288,7 +305,7 @@ class Float32CarryRNN:
             projected = (
                 products[0] if len(products) == 1 else ops.concatenate(products, -1)
             )
-        if bias is None or dtype != CARRY_DTYPE:
+        if bias is None or not exact:
             return projected, bias
         return projected + bias, None
 

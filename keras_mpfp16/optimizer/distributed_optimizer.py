@@ -17,6 +17,7 @@ from keras_mpfp16.optimizer.loss_scale import (
     LossScaleState,
     transition,
 )
+from keras_mpfp16.runtime.mpi import wire_tuner
 from keras_mpfp16.sync.checks import check_signatures, variable_signature
 
 
@@ -76,10 +77,14 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
             `gradient_accumulation_steps` is taken over: gradients are
             accumulated locally and reduced once per update step.
         op: `"average"` (default) or `"sum"` of the ranks' gradients.
-        wire_dtype: `"float32"` (default), `"float16"` or `"bfloat16"`: the
-            format gradients cross the network in. 16-bit formats halve the
-            bytes; the sum is always accumulated in float32 (see
-            `keras_mpfp16.runtime.mpi.wire`).
+        wire_dtype: `"float32"` (default), `"float16"`, `"bfloat16"` or
+            `"auto"`: the format gradients cross the network in. 16-bit
+            formats halve the bytes; the sum is always accumulated in float32
+            (see `keras_mpfp16.runtime.mpi.wire`). `"auto"` times the float32
+            and the float16 wire on this job's links after the first step of
+            `fit` and uses the faster, the same on every rank (rank 0
+            decides; `keras_mpfp16.runtime.mpi.wire_tuner`,
+            `KERAS_MPFP16_WIRE_AUTO` pins it).
         bucket_size_mb: Size of the fused reduction buckets in megabytes
             (float32 bytes). Gradients that fit in one bucket need one MPI call
             per step; smaller buckets let communication start earlier.
@@ -152,7 +157,11 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
                 growth_interval = inner.dynamic_growth_steps
             inner = inner.inner_optimizer
         op = _validate.one_of("op", op, ("average", "sum"))
-        wire_dtype = runtime.validate_wire_dtype(wire_dtype)
+        wire_dtype = _validate.one_of(
+            "wire_dtype",
+            getattr(wire_dtype, "name", wire_dtype),
+            (*runtime.WIRE_DTYPES, wire_tuner.AUTO),
+        )
         bucket_size_mb = _validate.number(
             "bucket_size_mb", bucket_size_mb, minimum=0, min_inclusive=False
         )
@@ -342,11 +351,16 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
                     "the model with jit_compile=False."
                 )
             to_reduce = [None if p else g for g, p in zip(grads, passthrough)]
+            shapes = [tuple(v.shape) for v in variables]
+            if self.wire_dtype == wire_tuner.AUTO:
+                self._refs.auto_sizes = bridge.dense_bucket_sizes(
+                    to_reduce, shapes, int(self.bucket_size_mb * 2**20)
+                )
             reduced, finite = bridge.allreduce_gradients(
                 to_reduce,
-                shapes=[tuple(v.shape) for v in variables],
+                shapes=shapes,
                 op="sum",
-                wire_dtype=self.wire_dtype,
+                wire_dtype=self.effective_wire_dtype,
                 bucket_bytes=int(self.bucket_size_mb * 2**20),
                 step=self._train_step(),
             )
@@ -414,6 +428,40 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
             everything = self._refs.replica_variables or (variables + self.variables)
             bridge.check_replicas(everything, step, self.check_replicas_every)
 
+    @property
+    def effective_wire_dtype(self) -> str:
+        """The wire the train step traces with: `wire_dtype`, or under
+        `"auto"` the decision (float32 until there is one)."""
+        if self.wire_dtype != wire_tuner.AUTO:
+            return self.wire_dtype
+        decision = self._refs.wire_decision
+        return "float32" if decision is None else decision.wire_dtype
+
+    @property
+    def wire_decision(self) -> wire_tuner.Decision | None:
+        """Under `wire_dtype="auto"`, the last decision (None before one)."""
+        return self._refs.wire_decision
+
+    def tune_wire(self) -> wire_tuner.Decision | None:
+        """Measures and decides the wire (`wire_dtype="auto"` only; None
+        otherwise, with one process, or before the first train step traced
+        the bucket plan). Collective: every rank calls it at the same step.
+        The caller re-traces the train step when the wire changed."""
+        if self.wire_dtype != wire_tuner.AUTO or runtime.size() == 1:
+            return None
+        sizes = self._refs.auto_sizes
+        if sizes is None:
+            return None
+        bridge = backends.bridge()
+        decision = wire_tuner.agree(
+            sizes,
+            lambda distinct: bridge.probe_wire(
+                distinct, wire_tuner.CANDIDATES, wire_tuner.PAIRS
+            ),
+        )
+        self._refs.wire_decision = decision
+        return decision
+
     def _train_step(self):
         """Update steps so far, applied or skipped (0-based, like `iterations`)."""
         return ops.add(
@@ -471,6 +519,8 @@ class _References:
         self.trained: list = []  # the variables `build` was given
         self.accumulator_of: dict = {}  # id(variable) -> gradient accumulator
         self.replica_variables: list | None = None  # see set_replica_variables
+        self.auto_sizes: list | None = None  # wire_dtype="auto": dense buckets
+        self.wire_decision = None  # wire_dtype="auto": wire_tuner.Decision
 
 
 def _resolve_accumulation(steps, inner) -> int | None:

@@ -15,6 +15,8 @@ Sub-packages, lowest first (each imports only those before it):
 gathers the names users call (`__all__`).
 """
 
+# rewrite_moved_imports: skip (names 0.2's module paths on purpose)
+
 # Names imported here but not in __all__ are re-exported for the library's
 # own modules (`runtime.allgather_object`, ...), not as API.
 # ruff: noqa: F401

@@ -42,6 +42,7 @@ import functools
 import json
 import os
 import shutil
+import threading
 
 import keras
 
@@ -225,6 +226,16 @@ class SafeBackupAndRestore(CallbackWrapper):
     from whatever a crash left. The layout inside the directory is Keras's,
     so a plain one-process `BackupAndRestore` can read it.
 
+    The backups Keras would write at a step (`save_freq=<int>`) or an epoch
+    end (`save_freq="epoch"`) do not stall training: in the step, the model's
+    and optimizer's variables are copied to host memory (a few ms); a
+    background thread writes the copy, fsyncs it and swaps it in. One write
+    at a time: a step-level backup that falls due while the previous write
+    is still running is taken at the first step end after that write
+    finished (the step never waits); an epoch-end backup, a preemption's
+    backup and the end of `fit` wait for the write in flight. A write that
+    fails raises on rank 0 at the next hook (so the job ends with it).
+
     `double_checkpoint` is not needed (and not used): the previous backup is
     never half-replaced.
 
@@ -241,6 +252,13 @@ class SafeBackupAndRestore(CallbackWrapper):
         self._epoch = 0
         self._steps = 0
         self.metric_state = None  # callable: the metric state as floats
+        self._writes = BackgroundWrite(self.backup_dir)
+        # Keras's own count of batches since the last save (save_freq=<int>).
+        self._last_batch = 0
+        self._since_save = 0
+        self._deferred = False
+        self.backups_written = 0  # complete backups swapped in (this object)
+        self.backups_deferred = 0  # step-level backups taken late (a write ran)
         self.job = None  # the writer record stored with each backup (a dict)
 
     # -- restore -------------------------------------------------------------
@@ -258,7 +276,9 @@ class SafeBackupAndRestore(CallbackWrapper):
         shutil.rmtree(self._new, ignore_errors=True)
 
     def on_train_begin(self, logs=None):
+        self._last_batch, self._since_save, self._deferred = 0, 0, False
         if runtime.is_root():
+            self._writes.wait()
             self.recover()
             self.callback.on_train_begin(logs)
 
@@ -276,33 +296,15 @@ class SafeBackupAndRestore(CallbackWrapper):
 
     # -- backup ----------------------------------------------------------------
 
-    def _write(self, hook, *args) -> None:
-        recorder = trace.active()
-        if recorder is None:
-            self._write_backup(hook, *args)
-            return
-        with recorder.span("backup write", "checkpoint", {"path": self.backup_dir}):
-            self._write_backup(hook, *args)
-
-    def _write_backup(self, hook, *args) -> None:
-        """Runs the Keras callback's hook with its files redirected to the
-        staging directory; swaps the directory in if it wrote a backup."""
-        weights, metadata = keras_internals.backup_paths(self.callback)
-        staged = [
-            os.path.join(self._new, os.path.basename(p)) for p in (weights, metadata)
+    def _staged_paths(self) -> list[str]:
+        return [
+            os.path.join(self._new, os.path.basename(p))
+            for p in keras_internals.backup_paths(self.callback)
         ]
-        shutil.rmtree(self._new, ignore_errors=True)
-        os.makedirs(self._new)
-        keras_internals.set_backup_paths(self.callback, *staged)
-        try:
-            hook(*args)
-        finally:
-            keras_internals.set_backup_paths(self.callback, weights, metadata)
-        if not all(os.path.exists(p) for p in staged):
-            shutil.rmtree(self._new, ignore_errors=True)  # this hook saved nothing
-            return
-        self._record_resume_point(staged[1])
-        for path in staged:
+
+    def _swap_in(self) -> None:
+        """fsyncs the staged backup and renames it over the previous one."""
+        for path in self._staged_paths():
             fsync_file(path)
         fsync_dir(self._new)
         if os.path.isdir(self.backup_dir):
@@ -310,55 +312,170 @@ class SafeBackupAndRestore(CallbackWrapper):
         os.replace(self._new, self.backup_dir)
         shutil.rmtree(self._old, ignore_errors=True)
         fsync_dir(os.path.dirname(os.path.abspath(self.backup_dir)))
+        self.backups_written += 1
 
-    def _record_resume_point(self, metadata_path: str) -> None:
-        """Adds where training is (epoch, steps done in it, metric state) to
-        the metadata Keras wrote; Keras reads only its own keys. "epoch" is
-        set too: Keras's own count is wrong for a mid-epoch save in the
+    def _resume_record(self) -> dict:
+        """Where training is (epoch, steps done in it, metric state), added
+        to the metadata Keras writes; Keras reads only its own keys. "epoch"
+        is set too: Keras's own count is wrong for a mid-epoch save in the
         first epoch after a restore."""
-        with open(metadata_path) as f:
-            metadata = json.load(f)
         metrics = self.metric_state() if self.metric_state is not None else []
-        metadata["epoch"] = self._epoch
-        metadata[_RESUME_KEY] = {
+        record = {
             "epoch": self._epoch,
             "steps_done": self._steps,
             "metrics": [float(v) for v in metrics] if self._steps else [],
         }
         if self.job is not None:
-            metadata[_RESUME_KEY]["writer"] = self.job
-        with open(metadata_path, "w") as f:
+            record["writer"] = self.job
+        return {
+            "epoch": self._epoch,
+            "batch": max(self._steps - 1, 0),
+            _RESUME_KEY: record,
+        }
+
+    def _back_up_in_background(self) -> None:
+        """Rank 0, in the step: copies the state to host memory and starts
+        its write (the previous write has finished)."""
+        recorder = trace.active()
+        if recorder is None:
+            weights = keras_internals.snapshot_weights(self.model)
+        else:
+            with recorder.span(
+                "backup snapshot", "checkpoint", {"path": self.backup_dir}
+            ):
+                weights = keras_internals.snapshot_weights(self.model)
+        metadata = self._resume_record()
+        self._writes.start(lambda: self._write_files(weights, metadata))
+
+    def _write_files(self, weights: list, metadata: dict) -> None:
+        """The background half: the staged files, fsync'ed and swapped in."""
+        staged_weights, staged_metadata = self._staged_paths()
+        shutil.rmtree(self._new, ignore_errors=True)
+        os.makedirs(self._new)
+        keras_internals.write_weights_snapshot(weights, staged_weights)
+        with open(staged_metadata, "w") as f:
             json.dump(metadata, f)
+        self._swap_in()
 
     def write_now(self, epoch: int, steps_done: int) -> None:
         """Rank 0: writes a complete backup now (a preemption), resuming at
-        step `steps_done` of `epoch` (0: at the start of `epoch`)."""
+        step `steps_done` of `epoch` (0: at the start of `epoch`); returns
+        when it is on disk."""
+        self._writes.wait()
         self._epoch, self._steps = int(epoch), int(steps_done)
+        recorder = trace.active()
+        if recorder is None:
+            self._write_now()
+            return
+        with recorder.span("backup write", "checkpoint", {"path": self.backup_dir}):
+            self._write_now()
 
-        def save():
-            weights, metadata = keras_internals.backup_paths(self.callback)
-            self.model.save_weights(weights, overwrite=True)
-            with open(metadata, "w") as f:
-                json.dump({"epoch": self._epoch, "batch": max(self._steps - 1, 0)}, f)
+    def _write_now(self) -> None:
+        staged_weights, staged_metadata = self._staged_paths()
+        shutil.rmtree(self._new, ignore_errors=True)
+        os.makedirs(self._new)
+        self.model.save_weights(staged_weights, overwrite=True)
+        with open(staged_metadata, "w") as f:
+            json.dump(self._resume_record(), f)
+        self._swap_in()
 
-        self._write(save)
+    def _save_due(self, batch: int) -> bool:
+        """Keras's own `save_freq=<int>` count (steps_per_execution aware)."""
+        if batch <= self._last_batch:  # a new epoch
+            added = batch + 1
+        else:
+            added = batch - self._last_batch
+        self._since_save += added
+        self._last_batch = batch
+        if self._since_save >= self.callback.save_freq:
+            self._since_save = 0
+            return True
+        return False
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch, self._steps = epoch, 0
 
     def on_epoch_end(self, epoch, logs=None):
         self._epoch, self._steps = epoch + 1, 0
-        if runtime.is_root():
-            self._write(self.callback.on_epoch_end, epoch, logs)
+        self._last_batch = 0
+        if runtime.is_root() and self.callback.save_freq == "epoch":
+            self._writes.wait()
+            self._back_up_in_background()
 
     def on_train_batch_end(self, batch, logs=None):
         self._steps = batch + 1
         if not runtime.is_root():
             return
-        if self.callback.save_freq == "epoch":  # counts nothing, writes nothing
+        self._writes.raise_failure()
+        if self.callback.save_freq in ("epoch", False):  # counts nothing
             return
-        self._write(self.callback.on_train_batch_end, batch, logs)
+        if not (self._save_due(batch) or self._deferred):
+            return
+        if self._writes.busy():
+            self._deferred = True
+            self.backups_deferred += 1
+            return
+        self._deferred = False
+        self._back_up_in_background()
 
     def on_train_end(self, logs=None):
         if runtime.is_root():
+            self._writes.wait()
             self.callback.on_train_end(logs)
+
+
+class BackgroundWrite:
+    """At most one backup write at a time, in a thread of its own.
+
+    The thread only writes files (no MPI, no Keras object): `start(fn)` runs
+    `fn` in it; `wait()` joins it and raises what it raised. A daemon thread:
+    a process that ends mid-write leaves the previous backup (the write goes
+    to a staging directory, renamed in only when complete).
+
+    Args:
+        backup_dir: Named in the error of a failed write.
+    """
+
+    def __init__(self, backup_dir: str):
+        self.backup_dir = backup_dir
+        self._thread: threading.Thread | None = None
+        self._failure: BaseException | None = None
+
+    def busy(self) -> bool:
+        """Whether a write is still running."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self, fn) -> None:
+        """Runs `fn()` in a new thread (the previous write must be done)."""
+        if self.busy():
+            raise RuntimeError("a backup write is already running")
+        self.raise_failure()
+
+        def run():
+            try:
+                fn()
+            except BaseException as exc:  # noqa: BLE001 - raised by wait()
+                self._failure = exc
+
+        self._thread = threading.Thread(
+            target=run, name="keras_mpfp16-backup-write", daemon=True
+        )
+        self._thread.start()
+
+    def wait(self) -> None:
+        """Returns when no write is running; raises a failed write's error."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self.raise_failure()
+
+    def raise_failure(self) -> None:
+        """Raises the error of a write that failed (once)."""
+        if self._thread is not None and not self._thread.is_alive():
+            self._thread = None
+        failure, self._failure = self._failure, None
+        if failure is not None:
+            raise RuntimeError(
+                f"keras_mpfp16: writing the backup into {self.backup_dir!r} "
+                f"failed: {type(failure).__name__}: {failure}"
+            ) from failure

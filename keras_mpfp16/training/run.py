@@ -35,7 +35,7 @@ from keras_mpfp16.sync import replica
 from keras_mpfp16.sync.checks import check_equal_steps
 from keras_mpfp16.sync.metric_reduction import MetricReduction
 from keras_mpfp16.sync.xla import guard_jit
-from keras_mpfp16.training import files
+from keras_mpfp16.training import files, wire_auto
 from keras_mpfp16.training import preemption as training_preemption
 
 _reductions: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -135,6 +135,8 @@ class DistributedRun:
                 stop = training_preemption.Preemption(writer)
                 ours.insert(len(timelines) + 1, stop.front)  # after _RunFirst
                 ours.append(stop)
+        if self.training and wire_auto.wanted(self.model):
+            ours.append(wire_auto.WireAuto())  # wire_dtype="auto"
         if isinstance(callbacks, keras.callbacks.CallbackList):
             callbacks.callbacks[:] = ours
             callbacks.set_model(self.model)

@@ -8,8 +8,9 @@ node's daemon forever (measured: still running 90 s after the cut, with
 status 0. A batch job would sit until its time limit, or report success.
 
 This wrapper runs the launcher command it is given and tells the ranks
-(environment variable `KERAS_MPFP16_LAUNCH_VERDICT`, exported with `-x` to
-`mpirun`/`mpiexec`) a file to write when a rank declares another one lost.
+(environment variable `KERAS_MPFP16_LAUNCH_VERDICT`, added with `-x` to an
+Open MPI `mpirun`/`mpiexec`, found by its `--version`; Hydra's `mpiexec` of
+MPICH / Intel MPI and `srun` pass the environment on by default) a file to write when a rank declares another one lost.
 The verdict is written by any rank that can see the file (a rank on the
 wrapper's node; any rank with a shared filesystem). Once it exists, the
 wrapper gives the launcher `GRACE` seconds to end, kills it (its whole
@@ -24,6 +25,10 @@ after a SIGTERM while it forwards SIGUSR1 and waits — so a Slurm
 preemption warning reaches the ranks as a request to stop at a step
 (`training.preemption`).
 
+`--max-restarts K` (first argument) relaunches a job that lost a node
+(lost hosts dropped from the host list, `-np` lowered) or whose launcher
+ended by a signal, up to K times (`run`'s `max_restarts`).
+
 Nothing here imports Keras (the package's `__init__` still does, when run
 with `-m`).
 """
@@ -31,6 +36,7 @@ with `-m`).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -64,9 +70,35 @@ def report_lost(message: str) -> None:
         pass  # the rank is ending anyway; the launcher's status is the fallback
 
 
+def launcher_kind(program: str) -> str:
+    """ "open-mpi", "hydra" (MPICH, Intel MPI, MVAPICH) or "other", from the
+    launcher's `--version` output (10 s at most)."""
+    try:
+        out = subprocess.run(
+            [program, "--version"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            stdin=subprocess.DEVNULL,
+        )
+        text = out.stdout + out.stderr
+    except (OSError, subprocess.SubprocessError):
+        return "other"
+    if any(name in text for name in ("Open MPI", "OpenRTE", "PRRTE", "prterun")):
+        return "open-mpi"
+    if "HYDRA" in text.upper():
+        return "hydra"
+    return "other"
+
+
 def _command(argv: list[str]) -> list[str]:
+    """The launcher command with the verdict file's variable passed to the
+    ranks: Open MPI's `-x VAR`; nothing for Hydra (`mpiexec` of MPICH, Intel
+    MPI, MVAPICH passes the whole environment by default: its `-genvall`),
+    Slurm's `srun` (the same) or another command."""
     if os.path.basename(argv[0]) in _MPI_LAUNCHERS:
-        return [argv[0], "-x", VERDICT_ENV, *argv[1:]]
+        if launcher_kind(argv[0]) == "open-mpi":
+            return [argv[0], "-x", VERDICT_ENV, *argv[1:]]
     return list(argv)
 
 
@@ -74,13 +106,104 @@ def _status(code: int) -> int:
     return 128 - code if code < 0 else code
 
 
-def run(argv: list[str], grace: float = GRACE) -> int:
-    """Runs the launcher command `argv`; returns the status to exit with."""
+def lost_hosts(verdict: str) -> list[str]:
+    """The hosts rank 0's verdict names as lost (`rank 2 (host node3) is
+    unreachable`); none for a verdict written by a cut-off rank about rank 0
+    (`... is unreachable from ...`: its own node may be the lost one)."""
+    first = verdict.splitlines()[0] if verdict else ""
+    if "unreachable from" in first:
+        return []
+    head = re.split(r" (?:is|are) unreachable", first, maxsplit=1)[0]
+    return re.findall(r"\(host ([^)\s]+)\)", head)
+
+
+_HOST_FLAGS = ("--host", "-H", "-host", "--hosts")
+_NP_FLAGS = ("-np", "-n", "--np", "-c")
+
+
+def without_hosts(argv: list[str], lost: list[str]) -> tuple[list[str], int]:
+    """`argv` with the `lost` hosts dropped from `--host`/`-H` lists and
+    `--hostfile`/`-hostfile`/`--machinefile` files (a new file beside the old
+    one) and `-np`/`-n` lowered by their slots. Returns `(argv, slots
+    dropped)`; `argv` unchanged when no lost host is listed."""
+    out, dropped = list(argv), 0
+    for i, arg in enumerate(out[:-1]):
+        if arg in _HOST_FLAGS:
+            kept = []
+            for entry in out[i + 1].split(","):
+                name, _, slots = entry.partition(":")
+                if name in lost:
+                    dropped += int(slots) if slots.isdigit() else 1
+                else:
+                    kept.append(entry)
+            out[i + 1] = ",".join(kept)
+        elif arg in ("--hostfile", "-hostfile", "--machinefile", "-machinefile"):
+            with open(out[i + 1]) as f:
+                lines = f.read().splitlines()
+            kept = []
+            for line in lines:
+                words = line.split()
+                if words and words[0] in lost:
+                    slots = re.search(r"slots=(\d+)", line)
+                    dropped += int(slots.group(1)) if slots else 1
+                else:
+                    kept.append(line)
+            path = f"{out[i + 1]}.kmp-survivors"
+            with open(path, "w") as f:
+                f.write("\n".join(kept) + "\n")
+            out[i + 1] = path
+    if dropped:
+        for i, arg in enumerate(out[:-1]):
+            if arg in _NP_FLAGS and out[i + 1].isdigit():
+                out[i + 1] = str(int(out[i + 1]) - dropped)
+                break
+    return out, dropped
+
+
+def _size(argv: list[str]) -> str:
+    for i, arg in enumerate(argv[:-1]):
+        if arg in _NP_FLAGS:
+            return argv[i + 1]
+    return "as before"
+
+
+def run(argv: list[str], grace: float = GRACE, max_restarts: int = 0) -> int:
+    """Runs the launcher command `argv`; returns the status to exit with.
+
+    With `max_restarts` > 0 the command is run again, up to that many times,
+    when the job lost a node (a verdict: the lost hosts are dropped from the
+    host list and `-np` lowered) or ended by a signal (status >= 128: a rank
+    or the launcher killed, e.g. by the OOM killer; the same command). Any
+    other status - 1 for a Python exception, 75 for a preemption, 0 - ends
+    it. One line on stderr per restart: the reason, the lost hosts, the new
+    size."""
     if not argv:
         raise SystemExit(
-            "usage: python -m keras_mpfp16.runtime.launch mpirun -np N ... "
-            "python train.py"
+            "usage: python -m keras_mpfp16.runtime.launch [--max-restarts K] "
+            "mpirun -np N ... python train.py"
         )
+    for attempt in range(max_restarts + 1):
+        code, verdict = _run_once(argv, grace)
+        if attempt == max_restarts or not (verdict or code >= 128):
+            return code
+        lost = lost_hosts(verdict) if verdict else []
+        argv, _ = without_hosts(argv, lost)
+        reason = (
+            f"the job lost a rank ({verdict.splitlines()[0]})"
+            if verdict
+            else f"the launcher ended with status {code} (killed by a signal)"
+        )
+        sys.stderr.write(
+            f"keras_mpfp16.runtime.launch: restart {attempt + 1} of "
+            f"{max_restarts}: {reason}; lost hosts: {lost or 'none'}; "
+            f"size: {_size(argv)}.\n"
+        )
+        sys.stderr.flush()
+    return code
+
+
+def _run_once(argv: list[str], grace: float) -> tuple[int, str]:
+    """One run of the launcher: `(status to exit with, verdict or "")`."""
     directory = tempfile.mkdtemp(prefix="kmp-launch-")
     verdict = os.path.join(directory, "verdict")
     env = {**os.environ, VERDICT_ENV: verdict}
@@ -112,7 +235,7 @@ def run(argv: list[str], grace: float = GRACE) -> int:
         if seen is None and os.path.exists(verdict):
             seen = time.monotonic()
         if seen is None:
-            return _status(proc.returncode)
+            return _status(proc.returncode), ""
         with open(verdict) as f:
             message = f.read().strip()
         if killed:
@@ -124,7 +247,7 @@ def run(argv: list[str], grace: float = GRACE) -> int:
             f"keras_mpfp16.runtime.launch: the job lost a rank; the launcher "
             f"{ended}; exiting with status {NODE_LOST_EXIT_CODE}.\n"
         )
-        return NODE_LOST_EXIT_CODE
+        return NODE_LOST_EXIT_CODE, message
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -133,9 +256,23 @@ def run(argv: list[str], grace: float = GRACE) -> int:
 
 def main() -> None:
     argv = sys.argv[1:]
+    restarts = 0
+    if argv and argv[0].startswith("--max-restarts"):
+        value = argv[0].partition("=")[2] if "=" in argv[0] else None
+        if value is None:
+            value = argv[1] if len(argv) > 1 else ""
+            argv = argv[2:]
+        else:
+            argv = argv[1:]
+        if not value.isdigit():
+            raise SystemExit(
+                f"keras_mpfp16.runtime.launch: --max-restarts must be a whole "
+                f"number >= 0; received {value!r}."
+            )
+        restarts = int(value)
     if argv and argv[0] == "--":
         argv = argv[1:]
-    sys.exit(run(argv))
+    sys.exit(run(argv, max_restarts=restarts))
 
 
 if __name__ == "__main__":

@@ -54,6 +54,7 @@ from keras_mpfp16 import _settings as env
 from keras_mpfp16 import _validate
 from keras_mpfp16.runtime import trace
 from keras_mpfp16.runtime.mpi import observers
+from keras_mpfp16.runtime.supervision import launcher_daemon
 from keras_mpfp16.runtime.supervision.stall_diagnosis import (
     cause_different,
     cause_finished,
@@ -471,8 +472,21 @@ class Inspector:
             recorder.flush()
         if lost:  # the launcher may never end by itself: tell the wrapper
             report_lost(f"{head}: {message}")
+            # ... and end a plain mpirun waiting for the lost node's daemon.
+            launcher_daemon.end_later(
+                env.get("END_LAUNCHER_AFTER"), self.where(self.rank)
+            )
         abort_job(1)
 
+
+# How to get MPI_THREAD_MULTIPLE, per MPI (also in the doctor and docs).
+THREAD_LEVEL_FIX = (
+    "To get MPI_THREAD_MULTIPLE: do not lower mpi4py's request (mpi4py.rc."
+    "thread_level / MPI4PY_RC_THREAD_LEVEL, default 'multiple'); Cray MPICH: "
+    "export MPICH_MAX_THREAD_SAFETY=multiple; Open MPI, MPICH, MVAPICH, Intel "
+    "MPI: a library built with thread support (Open MPI >= 3.0 is by "
+    "default). `python -m keras_mpfp16 doctor` shows the level."
+)
 
 _inspector: Inspector | None = None
 _thread_level_warned = False
@@ -495,11 +509,15 @@ def _thread_level_ok(comm) -> bool:
         }
         low = sorted({r for r, lv in enumerate(everyone) if lv < MPI.THREAD_MULTIPLE})
         sys.stderr.write(
-            "keras_mpfp16: the stall inspector and network heartbeats are OFF: "
-            f"MPI runs at thread level {names.get(min(everyone), min(everyone))} "
+            "keras_mpfp16 WARNING: the stall inspector and network heartbeats are "
+            f"OFF: MPI runs at thread level {names.get(min(everyone), min(everyone))} "
             f"on ranks {low}, and they call MPI from a second thread, which needs "
-            "MPI_THREAD_MULTIPLE (mpi4py's default: do not lower "
-            "mpi4py.rc.thread_level). Hangs will not be reported or ended.\n"
+            "MPI_THREAD_MULTIPLE. For this job:\n"
+            "  - a hang is not reported or ended, and a lost node or rank is "
+            "never detected: the job waits for it forever;\n"
+            "  - `evaluate` called on every rank is not split: every rank "
+            "evaluates its own data alone (the evaluate rendezvous is off too).\n"
+            f"  {THREAD_LEVEL_FIX}\n"
         )
         sys.stderr.flush()
     _thread_level_warned = True

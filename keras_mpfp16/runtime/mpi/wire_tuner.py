@@ -1,0 +1,187 @@
+"""`wire_dtype="auto"`: one measured choice of the gradient wire for the job.
+
+Which wire is faster depends on the link, the model's gradient sizes, the
+cores per rank and the device: the 16-bit wire halves the bytes but costs a
+codec pass (encode, the owner's float32 sum, decode). `auto` measures both on
+this job's links and picks:
+
+1. During the first step of `fit` the optimizer reduces in float32 and the
+   train step records the sizes of its dense buckets.
+2. After that step every rank times, per distinct bucket size, the bucket's
+   reduction exactly as the step runs it (codec and transfer) on the float32
+   and the float16 wire, `PAIRS` interleaved pairs (the backend's probe).
+3. Rank 0 gathers every rank's times, takes per bucket and wire the slowest
+   rank's median (the slowest rank sets the step's pace), sums over the
+   buckets, and decides: float16 when it is faster than float32 by more than
+   `MARGIN` (float32 is exact, so it wins ties). It broadcasts the
+   `Decision`; every rank applies rank 0's, so the reduction graph and its
+   numerics are identical on every rank by construction, whatever each rank
+   measured.
+4. Every `CHECK_EVERY` steps rank 0 compares the recent median step time
+   with the one measured just after the decision; a drift beyond `DRIFT`
+   (either way) triggers one new measurement and decision (broadcast the
+   same way).
+
+The decision is said once (rank 0's log, and an instant event in the
+timeline with every measured number). `KERAS_MPFP16_WIRE_AUTO` pins it
+(`float32`, `float16` or `bfloat16`: no measurement) or leaves it to the
+measurement (`measure`, the default). A model whose gradients are all
+gathered as rows (sparse only: nothing on the dense wire) gets float32
+without measuring.
+
+This module is the decision and its agreement (numpy-free, no TensorFlow);
+the timing is the backend's (`backend.tf_gradients.probe_wire`), the
+callback that runs it `training.wire_auto`.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from keras_mpfp16 import _settings as env
+from keras_mpfp16.runtime.mpi import collectives, world
+
+AUTO = "auto"
+PIN_SETTING = "KERAS_MPFP16_WIRE_AUTO"  # registered in _settings.py
+CANDIDATES = ("float32", "float16")
+PAIRS = 3  # interleaved (float32, float16) timings per bucket size
+MARGIN = 0.02  # float16 must beat float32 by more than this (relative)
+DRIFT = 0.25  # relative change of the median step time that re-measures
+CHECK_EVERY = 50  # steps between drift checks (one tiny broadcast each)
+
+
+# Test seam: when set, `agree` uses `timings_hook(sizes)` as this rank's
+# measurement instead of the backend's probe (tests inject per-rank times).
+timings_hook = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What `auto` chose, and why.
+
+    Attributes:
+        wire_dtype: the wire every rank uses.
+        reason: one sentence: the measured totals or the pin.
+        seconds: per candidate wire, the step's total reduction time as
+            measured (slowest rank, median of the pairs, summed over buckets);
+            empty when nothing was measured.
+        buckets: per distinct bucket size: `{"elements", "count", <wire>:
+            seconds}` (the slowest rank's median).
+    """
+
+    wire_dtype: str
+    reason: str
+    seconds: dict = field(default_factory=dict)
+    buckets: tuple = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "wire_dtype": self.wire_dtype,
+            "reason": self.reason,
+            "seconds": dict(self.seconds),
+            "buckets": [dict(b) for b in self.buckets],
+        }
+
+
+def pinned() -> str | None:
+    """The pinned wire (`KERAS_MPFP16_WIRE_AUTO`), None to measure."""
+    value = env.get("WIRE_AUTO")
+    return None if value == "measure" else value
+
+
+def decide(per_rank: list[dict], sizes: list[int]) -> Decision:
+    """The decision from every rank's timings (pure: the same inputs give the
+    same decision).
+
+    Args:
+        per_rank: one dict per rank: `{elements: {wire: [seconds, ...]}}`.
+        sizes: the step's dense bucket sizes (elements), repeats included.
+
+    Returns:
+        The `Decision`.
+    """
+    counts: dict[int, int] = {}
+    for s in sizes:
+        counts[int(s)] = counts.get(int(s), 0) + 1
+    buckets, totals = [], dict.fromkeys(CANDIDATES, 0.0)
+    for elements, count in sorted(counts.items()):
+        row = {"elements": elements, "count": count}
+        for w in CANDIDATES:
+            slowest = max(
+                statistics.median(timings[elements][w]) for timings in per_rank
+            )
+            row[w] = slowest
+            totals[w] += count * slowest
+        buckets.append(row)
+    f32, f16 = totals["float32"], totals["float16"]
+    if f16 < f32 * (1.0 - MARGIN):
+        wire, why = "float16", "faster"
+    else:
+        wire, why = "float32", "not slower by more than the margin"
+    reason = (
+        f"measured the step's reduction ({len(sizes)} buckets) on this job's "
+        f"links: float32 {f32 * 1e3:.1f} ms, float16 {f16 * 1e3:.1f} ms "
+        f"(slowest of {len(per_rank)} ranks); {wire} is {why} "
+        f"(float16 must win by > {MARGIN:.0%})"
+    )
+    return Decision(wire, reason, totals, tuple(buckets))
+
+
+def agree(sizes: list[int], measure) -> Decision:
+    """Every rank's measurement, rank 0's decision, applied on every rank.
+
+    Collective: every rank calls it at the same step.
+
+    Args:
+        sizes: the step's dense bucket sizes (elements), the same on every
+            rank (the bucket plan is).
+        measure: `measure(distinct_sizes) -> {elements: {wire: [seconds]}}`,
+            this rank's timings (the backend's probe); `timings_hook` replaces
+            it when set.
+
+    Returns:
+        rank 0's `Decision`, on every rank.
+    """
+    pin = collectives.broadcast(pinned())
+    if pin is not None:
+        return Decision(pin, f"pinned by KERAS_MPFP16_WIRE_AUTO={pin}")
+    if not sizes:
+        return Decision(
+            "float32",
+            "no dense gradients on the wire (sparse gradients gather their rows "
+            "in float32): nothing for a 16-bit wire to halve",
+        )
+    distinct = sorted({int(s) for s in sizes})
+    timings = (timings_hook or measure)(distinct)
+    everyone = collectives.allgather_object(timings, "wire auto (timings)")
+    decision = decide(everyone, sizes) if world.rank() == 0 else None
+    return collectives.broadcast(decision)
+
+
+class DriftWatch:
+    """Rank 0's step-time drift check, agreed every `CHECK_EVERY` steps."""
+
+    def __init__(self, every: int = CHECK_EVERY, drift: float = DRIFT):
+        self.every = every
+        self.drift = drift
+        self.times: list[float] = []
+        self.baseline: float | None = None
+
+    def reset(self) -> None:
+        self.times, self.baseline = [], None
+
+    def step(self, seconds: float) -> bool:
+        """Records one step; collective every `every` steps. True (on every
+        rank together) when the median step time drifted beyond `drift`."""
+        self.times.append(seconds)
+        if len(self.times) < self.every:
+            return False
+        median = statistics.median(self.times)
+        self.times = []
+        if self.baseline is None:
+            self.baseline = median
+            return False
+        drifted = abs(median - self.baseline) > self.drift * self.baseline
+        return bool(collectives.broadcast(drifted))

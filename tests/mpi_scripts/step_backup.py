@@ -1,0 +1,200 @@
+"""Step-level backups (stock `BackupAndRestore(save_freq=5)`) written in the
+background, a rank 0 killed in the middle of one, and the resume.
+
+`mpirun -np N python step_backup.py DIR MODE`:
+
+- MODE `full`: uninterrupted, 3 epochs of 20 steps, `delete_checkpoint=False`
+  (so the last backup stays for the test to read); rank 0 also prints the
+  digest of a fresh model loaded from the backup.
+- MODE `killed`: the same script, but on rank 0 the background write of the
+  backup due at epoch 2 (index 1), step 10 blocks after the weights file is
+  written (a stand-in for a slow disk: the write is in progress, nothing
+  renamed yet). Training goes on meanwhile; three steps later rank 0
+  SIGKILLs itself, mid-write. Before that it prints a JSON line: the steps
+  run while the write was in flight.
+- MODE `resume`: the same script run normally again (resumes from the
+  backup the kill left).
+- MODE `sigkill`: the last rank, on the first launch only (no
+  `DIR/killed` marker yet), waits at epoch 2 step 13 until rank 0's
+  step-10 backup is on disk, writes the marker and SIGKILLs itself; run
+  under `python -m keras_mpfp16.runtime.launch --max-restarts 1`, the
+  relaunch resumes from that backup.
+
+Prints one JSON line per rank after `fit`: the epochs run, the first step,
+the history, a digest of every model and optimizer variable.
+"""
+
+import hashlib
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+import keras_mpfp16 as kmp  # noqa: E402
+from keras_mpfp16.internals import keras as keras_internals  # noqa: E402
+
+out_dir, mode = sys.argv[1], sys.argv[2]
+rank, n = kmp.rank(), kmp.size()
+EPOCHS, BATCH, STEPS, FREQ = 3, 4, 20, 5
+BLOCKED = (1, 9)  # the backup due at the end of this (epoch, batch) blocks
+KILL_AT = (1, 12)
+
+rng = np.random.default_rng(11)
+x = rng.normal(size=(BATCH * STEPS * n, 6)).astype("float32")
+y = (x[:, 0] - x[:, 3] > 0).astype("float32")
+
+
+def build(seed):
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential(
+        [
+            keras.Input((6,)),
+            keras.layers.Dense(8),
+            keras.layers.BatchNormalization(),
+            keras.layers.Activation("relu"),
+            keras.layers.Dense(1, activation="sigmoid"),
+        ]
+    )
+    model.compile(
+        optimizer=kmp.DistributedOptimizer(keras.optimizers.Adam(0.01)),
+        loss="binary_crossentropy",
+        metrics=["accuracy"],
+    )
+    return model
+
+
+def digest(model):
+    h = hashlib.sha256()
+    for v in list(model.variables) + list(model.optimizer.variables):
+        h.update(np.ascontiguousarray(np.asarray(v)).tobytes())
+    return h.hexdigest()[:16]
+
+
+model = build(100 + rank)  # ranks seeded differently: rank 0's model wins
+in_write = threading.Event()
+
+if mode == "killed" and rank == 0:
+    real_snapshot = keras_internals.snapshot_weights
+    real_write = keras_internals.write_weights_snapshot
+    taken_at = {}  # id(snapshot) -> (epoch, batch) of the step that took it
+
+    def snapshot(model):
+        copy = real_snapshot(model)
+        taken_at[id(copy)] = Steps.at
+        return copy
+
+    def slow_write(copy, path):
+        real_write(copy, path)
+        if taken_at.get(id(copy)) == BLOCKED:
+            in_write.set()
+            threading.Event().wait(600)  # "the disk": never finishes
+
+    keras_internals.snapshot_weights = snapshot
+    keras_internals.write_weights_snapshot = slow_write
+
+
+class Steps(keras.callbacks.Callback):
+    epochs: list = []
+    first_step = None
+    at = (0, 0)
+    during_write: list = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        Steps.epochs.append(epoch)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if Steps.first_step is None:
+            Steps.first_step = batch
+        Steps.at = (Steps.epochs[-1], batch)
+
+    def on_train_batch_end(self, batch, logs=None):
+        if mode == "sigkill" and rank == n - 1 and Steps.at == KILL_AT:
+            marker = os.path.join(out_dir, "killed")
+            if not os.path.exists(marker):
+                meta = os.path.join(backup_dir, "training_metadata.json")
+                deadline = time.monotonic() + 120
+                while time.monotonic() < deadline:
+                    try:
+                        with open(meta) as f:
+                            done = json.load(f)["keras_mpfp16"]
+                        if (done["epoch"], done["steps_done"]) == (1, 10):
+                            break
+                    except (OSError, ValueError, KeyError):
+                        pass
+                    time.sleep(0.1)
+                with open(marker, "w") as f:
+                    f.write("1")
+                os.kill(os.getpid(), signal.SIGKILL)
+        if mode != "killed" or rank != 0:
+            return
+        if in_write.is_set():
+            Steps.during_write.append(batch)
+        if Steps.at == KILL_AT:
+            if not in_write.wait(60):
+                raise RuntimeError("the blocked backup write never started")
+            print(
+                json.dumps({"rank": 0, "killing": True, "steps": Steps.during_write}),
+                flush=True,
+            )
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+backup_dir = os.path.join(out_dir, "backup")
+callbacks = [
+    Steps(),
+    keras.callbacks.BackupAndRestore(
+        backup_dir, save_freq=FREQ, delete_checkpoint=(mode != "full")
+    ),
+]
+hist = model.fit(
+    *kmp.shard(x, y),
+    batch_size=BATCH,
+    epochs=EPOCHS,
+    shuffle=False,
+    verbose=0,
+    callbacks=callbacks,
+)
+record = {
+    "rank": rank,
+    "epochs_run": Steps.epochs,
+    "first_step": Steps.first_step,
+    "history": hist.history,
+    "digest": digest(model),
+    "iterations": int(model.optimizer.iterations.numpy()),
+}
+if mode == "full" and rank == 0:
+    import h5py
+
+    final = os.path.join(out_dir, "final.weights.h5")
+    model.save_weights(final)
+
+    def datasets(path):
+        found = {}
+        with h5py.File(path, "r") as f:
+            f.visititems(
+                lambda name, obj: (
+                    found.__setitem__(name, np.array(obj))
+                    if isinstance(obj, h5py.Dataset)
+                    else None
+                )
+            )
+        return found
+
+    got = datasets(os.path.join(backup_dir, "latest.weights.h5"))
+    want = datasets(final)
+    with open(os.path.join(backup_dir, "training_metadata.json")) as f:
+        record["backup"] = {
+            "datasets": len(want),
+            "same_names": sorted(got) == sorted(want),
+            "equal": all(np.array_equal(got[k], want[k]) for k in want if k in got),
+            "metadata": json.load(f),
+            "files": sorted(os.listdir(out_dir)),
+        }
+print(json.dumps(record), flush=True)

@@ -1,0 +1,111 @@
+"""The launch wrapper passes the verdict file's variable the way the
+launcher takes it: Open MPI's `-x VAR`; nothing added for MPICH / Intel
+MPI's Hydra `mpiexec` (it passes the whole environment by default, and
+rejects `-x`) or an unknown launcher. Stand-in launchers (shell scripts
+named `mpiexec` answering `--version` as the real ones do) record their
+arguments; the real Open MPI `mpirun` is checked too."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from keras_mpfp16.runtime.supervision import launch_wrapper
+
+VERSIONS = {
+    "open-mpi": "mpirun (Open MPI) 5.0.11\n\nReport bugs to https://www.open-mpi.org/community/help/",
+    "hydra": "HYDRA build details:\n    Version:                                 4.1.2\n",
+    "other": "some launcher 1.0\n",
+}
+
+
+def _stand_in(tmp_path, version: str):
+    record = tmp_path / "argv"
+    script = tmp_path / "mpiexec"
+    script.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = "--version" ]; then cat <<"EOF"\n'
+        f"{version.rstrip()}\nEOF\nexit 0; fi\n"
+        f'printf "%s\\n" "$@" > {record}\n'
+        f'[ -n "${launch_wrapper.VERDICT_ENV}" ] && echo env-set >> {record}\n'
+        "exit 0\n"
+    )
+    script.chmod(0o755)
+    return script, record
+
+
+@pytest.mark.parametrize("kind", ["open-mpi", "hydra", "other"])
+def test_verdict_variable_is_passed_as_the_launcher_takes_it(tmp_path, kind):
+    script, record = _stand_in(tmp_path, VERSIONS[kind])
+    assert launch_wrapper.launcher_kind(str(script)) == kind
+    assert launch_wrapper.run([str(script), "-np", "2", "python", "x.py"]) == 0
+    args = record.read_text().split("\n")
+    if kind == "open-mpi":
+        assert args[:2] == ["-x", launch_wrapper.VERDICT_ENV], args
+    else:
+        assert "-x" not in args, args
+        assert args[:2] == ["-np", "2"], args
+    # The launcher's own environment has it either way (Hydra and srun pass
+    # their environment on to the ranks).
+    assert "env-set" in args
+
+
+def test_the_real_mpirun_is_open_mpi():
+    from mpi_launch import mpirun_path
+
+    assert launch_wrapper.launcher_kind(mpirun_path()) == "open-mpi"
+    assert launch_wrapper.launcher_kind(sys.executable) == "other"
+    assert launch_wrapper.launcher_kind("/nonexistent/mpiexec") == "other"
+
+
+def test_restarts_on_a_signal_or_a_lost_node_never_on_an_exception(tmp_path):
+    """`run(..., max_restarts=K)` with stand-in launchers (sh): status 1 (a
+    Python exception) is not retried; a launcher killed by a signal is run
+    again as it was; a lost node's verdict drops the host and lowers -np."""
+    count = tmp_path / "count"
+
+    def runs():
+        return len(count.read_text().splitlines()) if count.exists() else 0
+
+    failing = f"echo run >> {count}; exit 1"
+    assert launch_wrapper.run(["sh", "-c", failing], max_restarts=2) == 1
+    assert runs() == 1
+    count.unlink()
+    marker = tmp_path / "marker"
+    killed_once = (
+        f"echo run >> {count}; [ -e {marker} ] && exit 0; touch {marker}; kill -KILL $$"
+    )
+    assert launch_wrapper.run(["sh", "-c", killed_once], max_restarts=1) == 0
+    assert runs() == 2
+    count.unlink()
+    always_killed = f"echo run >> {count}; kill -KILL $$"
+    assert launch_wrapper.run(["sh", "-c", always_killed], max_restarts=2) == 137
+    assert runs() == 3
+
+
+def test_lost_hosts_are_dropped_from_the_host_list_and_the_size(tmp_path):
+    verdict = (
+        "keras_mpfp16 error (rank 0 on host n1 watching 3 ranks): rank 2 (host n3) "
+        "is unreachable: nothing heard for 30s\n  rank 0 (host n1): waiting"
+    )
+    assert launch_wrapper.lost_hosts(verdict) == ["n3"]
+    assert (
+        launch_wrapper.lost_hosts(
+            "keras_mpfp16 error (rank 2 on host n3): rank 0 (host n1) is unreachable "
+            "from rank 2 (host n3)"
+        )
+        == []
+    )
+    argv = ["mpirun", "-np", "6", "--host", "n1:2,n2:2,n3:2", "python", "t.py"]
+    out, dropped = launch_wrapper.without_hosts(argv, ["n3"])
+    assert out == ["mpirun", "-np", "4", "--host", "n1:2,n2:2", "python", "t.py"]
+    assert dropped == 2
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("n1 slots=2\nn2 slots=2\nn3 slots=2\n")
+    out, dropped = launch_wrapper.without_hosts(
+        ["mpirun", "-n", "6", "--hostfile", str(hostfile), "python", "t.py"], ["n2"]
+    )
+    assert dropped == 2 and out[2] == "4"
+    assert open(out[4]).read() == "n1 slots=2\nn3 slots=2\n"
+    assert launch_wrapper.without_hosts(argv, ["elsewhere"]) == (argv, 0)

@@ -1,0 +1,137 @@
+"""`wire_dtype="auto"`: the decision, its agreement over ranks, the pin.
+
+One process: the decision rule (`wire_tuner.decide`), the drift watch, the
+argument and setting errors. Real `mpirun` at np=2 and 3: ranks that
+measure different times still apply one decision (rank 0's, from the
+slowest rank's numbers), the step is re-traced with the chosen wire, the
+timeline shows the decision, a pinned wire is respected without measuring,
+a sparse-only model stays on float32, and the real probe runs.
+"""
+
+import json
+import os
+
+import pytest
+from mpi_launch import run_mpi
+
+from keras_mpfp16 import config
+from keras_mpfp16.runtime.mpi import wire_tuner
+
+
+def timings(f32, f16, sizes=(10,)):
+    return {s: {"float32": list(f32), "float16": list(f16)} for s in sizes}
+
+
+def test_decision_takes_the_slowest_rank_and_favours_float32_on_ties():
+    fast16 = timings([1.0, 1.0, 1.0], [0.5, 0.5, 0.5])
+    slow16 = timings([1.0, 1.0, 1.0], [2.0, 2.0, 2.0])
+    assert wire_tuner.decide([fast16], [10]).wire_dtype == "float16"
+    # One rank for which float16 is slower decides for everyone.
+    both = wire_tuner.decide([fast16, slow16], [10])
+    assert both.wire_dtype == "float32"
+    assert both.seconds == {"float32": 1.0, "float16": 2.0}
+    # Within the margin: float32 (exact) wins.
+    close = timings([1.0] * 3, [1.0 - wire_tuner.MARGIN / 2] * 3)
+    assert wire_tuner.decide([close], [10]).wire_dtype == "float32"
+    # Repeated bucket sizes count once per bucket; medians, not means.
+    d = wire_tuner.decide(
+        [{**timings([1, 1, 9], [2, 2, 2]), **timings([5] * 3, [1] * 3, (20,))}],
+        [10, 20, 20],
+    )
+    assert d.seconds == {"float32": 11.0, "float16": 4.0}
+    assert d.wire_dtype == "float16"
+    assert [b["count"] for b in d.buckets] == [1, 2]
+    assert "float32 11000.0 ms, float16 4000.0 ms" in d.reason
+
+
+def test_drift_watch_fires_on_a_change_of_the_median_step_time():
+    watch = wire_tuner.DriftWatch(every=4, drift=0.25)
+    fired = [watch.step(1.0) for _ in range(8)]  # baseline, then steady
+    assert not any(fired)
+    fired = [watch.step(1.5) for _ in range(4)]
+    assert fired == [False, False, False, True]
+    watch.reset()
+    assert watch.baseline is None
+
+
+def test_wire_dtype_and_pin_errors_name_the_value_and_the_choices():
+    import keras_mpfp16 as kmp
+
+    with pytest.raises(ValueError, match=r"wire_dtype.*'auto'.*'fast'"):
+        kmp.DistributedOptimizer("sgd", wire_dtype="fast")
+    assert kmp.DistributedOptimizer("sgd", wire_dtype="auto").wire_dtype == "auto"
+    with pytest.raises(ValueError, match=r"KERAS_MPFP16_WIRE_AUTO.*float8"):
+        config.set("wire_auto", "float8")
+    config.set("wire_auto", "bfloat16")
+    try:
+        assert wire_tuner.pinned() == "bfloat16"
+    finally:
+        config.reset("wire_auto")
+    assert wire_tuner.pinned() is None
+
+
+def _run(np_, mode, tmp_path, env=None, timeout=300):
+    res = run_mpi(np_, "wire_auto.py", str(tmp_path), mode, timeout=timeout, env=env)
+    assert res.returncode == 0, res.describe()
+    recs = res.records()
+    assert len(recs) == np_, res.describe()
+    return recs, res
+
+
+def _trace(tmp_path):
+    with open(os.path.join(tmp_path, "trace.json")) as f:
+        data = json.load(f)
+    return data["traceEvents"] if isinstance(data, dict) else data
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_ranks_measuring_different_times_apply_one_decision(np_, tmp_path):
+    recs, res = _run(np_, "split", tmp_path)
+    # Rank 0 alone measured float16 faster; the last rank slower: float32.
+    assert {r["effective"] for r in recs} == {"float32"}
+    decisions = [r["decision"] for r in recs]
+    assert all(d == decisions[0] for d in decisions)
+    assert decisions[0]["seconds"]["float16"] > decisions[0]["seconds"]["float32"]
+    assert len({r["weights_bytes"] for r in recs}) == 1
+    assert res.stderr.count("wire_dtype='auto' chose float32") == 1  # rank 0, once
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_a_float16_decision_retraces_the_step_and_shows_in_the_timeline(np_, tmp_path):
+    recs, _ = _run(np_, "f16", tmp_path)
+    assert {r["effective"] for r in recs} == {"float16"}
+    assert {r["config_wire"] for r in recs} == {"auto"}
+    assert len({json.dumps(r["decision"], sort_keys=True) for r in recs}) == 1
+    assert len({r["weights_bytes"] for r in recs}) == 1
+    events = _trace(tmp_path)
+    said = [e for e in events if e["name"] == "wire auto: float16"]
+    assert len(said) == np_ and said[0]["ph"] == "i"
+    assert "float16 is faster" in said[0]["args"]["reason"]
+    # Reductions before the decision ran float32, after it float16.
+    buckets = [
+        e for e in events if e.get("pid") == 0 and e["name"].startswith("bucket")
+    ]
+    wires = [e["args"]["wire_dtype"] for e in sorted(buckets, key=lambda e: e["ts"])]
+    assert wires[0] == "float32" and wires[-1] == "float16"
+
+
+def test_pinned_wire_is_used_without_measuring(tmp_path):
+    recs, _ = _run(2, "pin", tmp_path, env={"KERAS_MPFP16_WIRE_AUTO": "bfloat16"})
+    assert {r["effective"] for r in recs} == {"bfloat16"}
+    assert all(r["measured_sizes"] == [] for r in recs)
+    assert "pinned" in recs[0]["decision"]["reason"]
+
+
+def test_sparse_only_model_stays_on_float32_without_measuring(tmp_path):
+    recs, _ = _run(2, "sparse", tmp_path)
+    assert {r["effective"] for r in recs} == {"float32"}
+    assert all(r["measured_sizes"] == [] for r in recs)
+    assert "no dense gradients" in recs[0]["decision"]["reason"]
+
+
+def test_real_probe_measures_both_wires_and_agrees(tmp_path):
+    recs, _ = _run(2, "real", tmp_path)
+    d = recs[0]["decision"]
+    assert d["buckets"] and set(d["seconds"]) == {"float32", "float16"}
+    assert all(r["decision"] == d for r in recs)
+    assert {r["effective"] for r in recs} == {d["wire_dtype"]}
