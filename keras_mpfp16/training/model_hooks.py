@@ -33,29 +33,28 @@ from keras_mpfp16.training import sessions
 MARK = "_keras_mpfp16_hook"
 
 
-def wrap_fit(original):
-    """`keras.Model.fit` (`original`) as a collective fit of DistributedOptimizer models."""
+def _wrap(original, arguments: str):
+    """`original` (`keras.Model.fit` or `evaluate`) as one collective run of
+    a DistributedOptimizer model, prepared by `sessions.<arguments>`; any
+    other model, or a call inside a session, runs `original` as it is."""
 
     @functools.wraps(original)
-    def fit(self, *args, **kwargs):
+    def wrapped(self, *args, **kwargs):
         if not sessions.uses_distributed_optimizer(self) or sessions.in_session(self):
             return original(self, *args, **kwargs)
-        with sessions.fit_arguments(original, (self, *args), kwargs) as arguments:
-            return original(**arguments)
+        prepare = getattr(sessions, arguments)
+        with prepare(original, (self, *args), kwargs) as prepared:
+            return original(**prepared)
 
-    setattr(fit, MARK, True)
-    return fit
+    setattr(wrapped, MARK, True)
+    return wrapped
+
+
+def wrap_fit(original):
+    """`keras.Model.fit` (`original`) as a collective fit of DistributedOptimizer models."""
+    return _wrap(original, "fit_arguments")
 
 
 def wrap_evaluate(original):
     """`keras.Model.evaluate` (`original`), collective when every rank calls it."""
-
-    @functools.wraps(original)
-    def evaluate(self, *args, **kwargs):
-        if not sessions.uses_distributed_optimizer(self) or sessions.in_session(self):
-            return original(self, *args, **kwargs)
-        with sessions.evaluate_arguments(original, (self, *args), kwargs) as arguments:
-            return original(**arguments)
-
-    setattr(evaluate, MARK, True)
-    return evaluate
+    return _wrap(original, "evaluate_arguments")
