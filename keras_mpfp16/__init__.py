@@ -50,9 +50,11 @@ if _started_as_supervisor():
         import importlib
         import importlib.util
 
-        # A submodule (`from keras_mpfp16 import runtime`): not found here, so
-        # the import system imports it, and nothing more.
-        if name.startswith("_") or importlib.util.find_spec(f"{__name__}.{name}"):
+        # A submodule (`from keras_mpfp16 import runtime`, `kmp.config`):
+        # that module, and nothing more.
+        if importlib.util.find_spec(f"{__name__}.{name}") is not None:
+            return importlib.import_module(f"{__name__}.{name}")
+        if name.startswith("_"):
             raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
         api = importlib.import_module(f"{__name__}._api")  # the full import
         globals().update({n: getattr(api, n) for n in api.__all__})

@@ -32,7 +32,8 @@ from keras_mpfp16 import rank_output as _rank_output
 
 _rank_output.quiet_non_root_ranks_early()
 
-from keras_mpfp16 import (
+# The subpackages, as attributes (`kmp.config.set(...)`, `kmp.layers.LSTM`).
+from keras_mpfp16 import (  # noqa: F401
     callbacks,
     config,
     data,
@@ -41,9 +42,13 @@ from keras_mpfp16 import (
     runtime,
     training,
 )
-from keras_mpfp16.callbacks import print_once, root_stdout_only
-from keras_mpfp16.data import shard
-from keras_mpfp16.optimizer import DistributedOptimizer, broadcast_variables
+from keras_mpfp16.data import ShardedPyDataset, shard, shard_sizes
+from keras_mpfp16.optimizer import (
+    DistributedOptimizer,
+    LossScaleConfig,
+    broadcast_variables,
+)
+from keras_mpfp16.rank_output import print_once, root_stdout_only
 from keras_mpfp16.runtime import (
     allgather,
     allreduce,
@@ -64,6 +69,7 @@ from keras_mpfp16.training import (
     split_predict,
 )
 from keras_mpfp16.training import install as install_keras_patches
+from keras_mpfp16.training import installed as installed_keras_patches
 from keras_mpfp16.training import uninstall as uninstall_keras_patches
 from keras_mpfp16.training.patches import install_from_env as _install_from_env
 
@@ -72,15 +78,15 @@ from keras_mpfp16.training.patches import install_from_env as _install_from_env
 _install_from_env()
 
 
+# What users call (docs/api.md documents each); the subpackages
+# (`kmp.callbacks`, `kmp.layers`, `kmp.config`, `kmp.runtime`, ...) are
+# attributes, not part of `from keras_mpfp16 import *`.
 __all__ = [
     "PREEMPTED_EXIT_CODE",
     "DistributedOptimizer",
+    "LossScaleConfig",
     "Preempted",
-    "callbacks",
-    "config",
-    "data",
-    "layers",
-    "shard",
+    "ShardedPyDataset",
     "allgather",
     "allreduce",
     "barrier",
@@ -92,16 +98,16 @@ __all__ = [
     "distributed_fit",
     "init",
     "install_keras_patches",
+    "installed_keras_patches",
     "is_root",
     "local_rank",
     "local_size",
-    "optimizer",
     "print_once",
     "rank",
     "root_stdout_only",
-    "runtime",
+    "shard",
+    "shard_sizes",
     "size",
     "split_predict",
-    "training",
     "uninstall_keras_patches",
 ]

@@ -389,7 +389,7 @@ register(
     doc="Seconds a collective may wait before the stall inspector prints which "
     "ranks wait where. `0` turns the inspector and the heartbeats off. The "
     "inspector needs `MPI_THREAD_MULTIPLE`. Rank 0's value is used on every "
-    "rank; `keras_mpfp16.runtime.supervision.stall.configure` changes it later.",
+    "rank; `keras_mpfp16.runtime.configure_stall` changes it later.",
 )
 register(
     "PATCH_KERAS",

@@ -27,7 +27,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "keras_mpfp16"
 
 # Lowest first. A module may import its own layer and those below it.
 LAYERS = [
-    {"_validate", "_settings"},  # argument checks, the settings registry
+    # argument checks, the settings registry, old paths that still work
+    {"_validate", "_settings", "_deprecation"},
     {"runtime"},  # MPI + numpy only
     # the seam (every private Keras / TensorFlow access); Keras's console
     # output by rank
@@ -213,7 +214,7 @@ def test_no_import_circle_between_layers():
     assert not _cycles(graph), f"layers that need each other: {_cycles(graph)}"
 
 
-@pytest.mark.parametrize("layer", ["runtime", "_validate", "_settings"])
+@pytest.mark.parametrize("layer", ["runtime", "_validate", "_settings", "_deprecation"])
 def test_lowest_layers_import_no_keras(layer):
     for module, path in MODULES.items():
         if _layer(module) != layer:

@@ -1,4 +1,4 @@
-"""Callbacks: learning-rate scaling, exact global metrics, rank-0 output.
+"""Callbacks: learning-rate scaling, exact global metrics, atomic checkpoints, traces.
 
 - `LearningRateScaler`: the single-worker learning rate scaled for N workers
   ("linear", "sqrt", "paper", "none"), with warmup, decay and a cap,
@@ -12,12 +12,15 @@
   too in a `DistributedOptimizer` model's `fit`).
 - `root_only`: run any callback on rank 0 only.
 - `Timeline`: a trace-event timeline of `fit` per rank, and a scaling report.
+
+Rank-0-only output (`print_once`, `root_stdout_only`) is at the top level
+(`keras_mpfp16.print_once`): it is no callback.
 """
 
-from keras_mpfp16.callbacks.checkpoint import (
-    AtomicModelCheckpoint,
-    temporary_path,
-)
+# rewrite_moved_imports: skip (names 0.2's module paths on purpose)
+
+from keras_mpfp16._deprecation import moved_names
+from keras_mpfp16.callbacks.checkpoint import AtomicModelCheckpoint
 from keras_mpfp16.callbacks.global_metrics import GlobalMetrics
 from keras_mpfp16.callbacks.lr_scaler import (
     LearningRateScaler,
@@ -25,16 +28,10 @@ from keras_mpfp16.callbacks.lr_scaler import (
 )
 from keras_mpfp16.callbacks.lr_schedule import (
     SCALING_RULES,
-    scale_factor,
     scaled_learning_rate,
 )
 from keras_mpfp16.callbacks.root_only import RootOnly, root_only
 from keras_mpfp16.callbacks.timeline import Timeline
-from keras_mpfp16.rank_output import (
-    print_once,
-    quiet_non_root_ranks,
-    root_stdout_only,
-)
 
 __all__ = [
     "SCALING_RULES",
@@ -44,11 +41,23 @@ __all__ = [
     "RootOnly",
     "ScaledLearningRate",
     "Timeline",
-    "print_once",
-    "quiet_non_root_ranks",
     "root_only",
-    "root_stdout_only",
-    "scale_factor",
     "scaled_learning_rate",
-    "temporary_path",
 ]
+
+# In 0.2's `__all__`, internal: importable until 0.4, with a warning.
+__getattr__ = moved_names(
+    __name__,
+    {
+        "temporary_path": "keras_mpfp16.callbacks.checkpoint",
+        "scale_factor": "keras_mpfp16.callbacks.lr_schedule",
+        "quiet_non_root_ranks": "keras_mpfp16.rank_output",
+        "rank_output": "keras_mpfp16.callbacks.rank_output",
+        "print_once": "keras_mpfp16.rank_output",
+        "root_stdout_only": "keras_mpfp16.rank_output",
+    },
+    {
+        "print_once": "keras_mpfp16.print_once",
+        "root_stdout_only": "keras_mpfp16.root_stdout_only",
+    },
+)

@@ -157,11 +157,7 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
                 growth_interval = inner.dynamic_growth_steps
             inner = inner.inner_optimizer
         op = _validate.one_of("op", op, ("average", "sum"))
-        wire_dtype = _validate.one_of(
-            "wire_dtype",
-            getattr(wire_dtype, "name", wire_dtype),
-            (*runtime.WIRE_DTYPES, wire_tuner.AUTO),
-        )
+        wire_dtype = runtime.validate_wire_dtype(wire_dtype, also=(wire_tuner.AUTO,))
         bucket_size_mb = _validate.number(
             "bucket_size_mb", bucket_size_mb, minimum=0, min_inclusive=False
         )

@@ -15,6 +15,8 @@ Sub-packages, lowest first (each imports only those before it):
 gathers the names users call (`__all__`).
 """
 
+# rewrite_moved_imports: skip (names 0.2's module paths on purpose)
+
 # Names imported here but not in __all__ are re-exported for the library's
 # own modules (`runtime.allgather_object`, ...), not as API.
 # ruff: noqa: F401
@@ -47,10 +49,12 @@ from keras_mpfp16.runtime.mpi.world import (
     warn_once_per_job,
 )
 from keras_mpfp16.runtime.process.threads import apply_thread_defaults
+from keras_mpfp16.runtime.progress import set_epoch
 
 # Registers the job's services (stall inspector, rendezvous, abort on
 # failure) with `world.init`.
-from keras_mpfp16.runtime.supervision import failure, preemption, services, stall
+from keras_mpfp16.runtime.supervision import services
+from keras_mpfp16.runtime.supervision.stall import configure as configure_stall
 
 # What users call. The other names imported above (the numpy entry points
 # the bridges use, the validators, the submodules) stay importable for the
@@ -61,6 +65,7 @@ __all__ = [
     "allreduce",
     "barrier",
     "broadcast",
+    "configure_stall",
     "cuda_aware",
     "init",
     "is_initialized",
@@ -69,6 +74,19 @@ __all__ = [
     "local_size",
     "mpi_comm",
     "rank",
+    "set_epoch",
     "shutdown",
     "size",
 ]
+
+# 0.2's module paths (`keras_mpfp16.runtime.world.init`, ...), deprecated:
+# small modules at the old paths forward with a warning.
+_MOVED = ("collectives", "cuda", "stall", "world")
+
+
+def __getattr__(name: str):
+    if name in _MOVED:
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

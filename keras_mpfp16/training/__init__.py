@@ -14,12 +14,12 @@ with a `keras_mpfp16.DistributedOptimizer` and more than one process:
 - `predict`: `split_predict`, one input's predictions shared by all ranks.
 """
 
+from keras_mpfp16._deprecation import moved_names
 from keras_mpfp16.training.patches import install, installed, uninstall
 from keras_mpfp16.training.predict import split_predict
 from keras_mpfp16.training.sessions import (
     distributed_evaluate,
     distributed_fit,
-    uses_distributed_optimizer,
 )
 
 __all__ = [
@@ -29,5 +29,12 @@ __all__ = [
     "installed",
     "split_predict",
     "uninstall",
-    "uses_distributed_optimizer",
 ]
+
+# In 0.2's `__all__`, internal: importable until 0.4, with a warning.
+__getattr__ = moved_names(
+    __name__,
+    {
+        "uses_distributed_optimizer": "keras_mpfp16.training.sessions",
+    },
+)

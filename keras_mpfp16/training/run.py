@@ -1,7 +1,8 @@
 """One multi-process `fit` or `evaluate`: the callbacks and state around it.
 
-`DistributedRun.for_fit` / `for_evaluate` prepare what Keras is given; the
-two callbacks it adds bracket the user's:
+`fit_run` / `evaluate_run` (context managers over a `DistributedRun`)
+prepare what Keras is given; the two callbacks a run adds bracket the
+user's:
 
 - `_RunFirst` (first in the list): epoch-mode averaging of non-trainable
   state before any other callback's `on_epoch_end` (checkpoints) and before

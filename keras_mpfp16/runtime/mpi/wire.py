@@ -71,10 +71,14 @@ MAX_SHIFT = 100
 BF16_OVERFLOW = float(np.float32(3.3961514e38))
 
 
-def validate_wire_dtype(wire_dtype: str) -> str:
+def validate_wire_dtype(wire_dtype: str, also: tuple[str, ...] = ()) -> str:
+    """The wire's name (a dtype object gives its `.name`), if it is one of
+    `WIRE_DTYPES` or `also` (e.g. the optimizer's `"auto"`); else a
+    `ValueError` naming the allowed values. The one check of a wire name."""
     name = getattr(wire_dtype, "name", wire_dtype)
-    if str(name) not in WIRE_DTYPES:
-        _validate.one_of("wire_dtype", wire_dtype, WIRE_DTYPES)  # raises
+    allowed = (*WIRE_DTYPES, *also)
+    if str(name) not in allowed:
+        _validate.one_of("wire_dtype", name if also else wire_dtype, allowed)
     return str(name)
 
 

@@ -1,0 +1,16 @@
+"""Deprecated: `keras_mpfp16.runtime.stall` (documented in 0.2) moved to `keras_mpfp16.runtime.supervision.stall`.
+
+Its names keep working until 0.4, each use warning with what to call instead.
+"""
+
+# rewrite_moved_imports: skip (names 0.2's module paths on purpose)
+
+from keras_mpfp16._deprecation import moved_module
+
+__getattr__ = moved_module(
+    __name__,
+    "keras_mpfp16.runtime.supervision.stall",
+    {
+        "configure": "keras_mpfp16.runtime.configure_stall",
+    },
+)
