@@ -36,8 +36,10 @@ def test_step_backups_are_whole_and_a_kill_mid_write_resumes_exactly(tmp_path):
     backup = want["backup"]
     assert backup["same_names"] and backup["equal"] and backup["datasets"] > 10, backup
     meta = backup["metadata"]
-    assert meta["epoch"] == 2 and meta["keras_mpfp16"]["steps_done"] == 20, meta
-    assert backup["files"] == ["backup", "final.weights.h5"], backup["files"]
+    # The last backup of epoch 3 (step 20, or a few steps earlier when a
+    # due backup was taken late because a write was still running).
+    assert meta["epoch"] == 2 and 15 <= meta["keras_mpfp16"]["steps_done"] <= 20
+    assert backup["files"] == ["backup", "ref"], backup["files"]  # no staging
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -45,21 +47,24 @@ def test_step_backups_are_whole_and_a_kill_mid_write_resumes_exactly(tmp_path):
     assert killed.returncode != 0, killed.describe()
     notes = [r for r in killed.records() if r.get("killing")]
     assert len(notes) == 1, killed.describe()
-    # Steps 11, 12 and 13 ran while the step-10 backup was being written.
-    assert notes[0]["steps"] == [10, 11, 12], notes
+    # Steps ran while the blocked backup (step 10, or a little later) was
+    # being written.
+    blocked = notes[0]["blocked_at"]
+    assert blocked and tuple(blocked) >= (1, 9) and notes[0]["steps"], notes
     # The kill came mid-write: the staging directory is there, unfinished;
     # the backup is the previous one, whole.
     staged = run_dir / "backup.kmp-new"
     assert (staged / "latest.weights.h5").exists(), sorted(run_dir.iterdir())
     assert not (staged / "training_metadata.json").exists()
     left = json.loads((run_dir / "backup" / "training_metadata.json").read_text())
-    assert left["epoch"] == 1 and left["keras_mpfp16"]["steps_done"] == 5, left
+    at = left["keras_mpfp16"]
+    assert at["epoch"] == 1 and 5 <= at["steps_done"] <= blocked[1], left
 
     resumed = ok(run_mpi(2, "step_backup.py", str(run_dir), "resume", timeout=300))
     assert len(resumed) == 2
     for r in resumed:
         assert r["epochs_run"] == [1, 2], r
-        assert r["first_step"] == 5, r  # at the step, not at the epoch's start
+        assert r["first_step"] == at["steps_done"], r  # the step, not 0
         assert r["digest"] == want["digest"], (r["digest"], want["digest"])
         assert r["iterations"] == want["iterations"]
         for key, values in r["history"].items():
@@ -119,7 +124,8 @@ def test_sigkilled_rank_restarts_at_the_same_size_and_ends_identically(tmp_path)
     assert len(recs) == 3, result.describe()
     for r in recs:
         assert r["epochs_run"] == [1, 2], r
-        assert r["first_step"] == 10, r
+        assert r["first_step"] == recs[0]["first_step"], r
+        assert 10 <= r["first_step"] <= 13, r
         assert r["digest"] == want["digest"], (r["digest"], want["digest"])
         assert r["iterations"] == want["iterations"]
         for key, values in r["history"].items():

@@ -78,6 +78,8 @@ def digest(model):
 
 
 model = build(100 + rank)  # ranks seeded differently: rank 0's model wins
+if mode == "full" and rank == 0:
+    os.makedirs(os.path.join(out_dir, "ref"), exist_ok=True)
 in_write = threading.Event()
 
 if mode == "killed" and rank == 0:
@@ -92,7 +94,10 @@ if mode == "killed" and rank == 0:
 
     def slow_write(copy, path):
         real_write(copy, path)
-        if taken_at.get(id(copy)) == BLOCKED:
+        # The first backup taken at or after BLOCKED (under load a due
+        # backup may be taken a few steps late: one write at a time).
+        if not Steps.blocked_at and taken_at.get(id(copy), (0, 0)) >= BLOCKED:
+            Steps.blocked_at = list(taken_at[id(copy)])
             in_write.set()
             threading.Event().wait(600)  # "the disk": never finishes
 
@@ -105,6 +110,7 @@ class Steps(keras.callbacks.Callback):
     first_step = None
     at = (0, 0)
     during_write: list = []
+    blocked_at: list = []
 
     def on_epoch_begin(self, epoch, logs=None):
         Steps.epochs.append(epoch)
@@ -124,7 +130,7 @@ class Steps(keras.callbacks.Callback):
                     try:
                         with open(meta) as f:
                             done = json.load(f)["keras_mpfp16"]
-                        if (done["epoch"], done["steps_done"]) == (1, 10):
+                        if done["epoch"] == 1 and done["steps_done"] >= 10:
                             break
                     except (OSError, ValueError, KeyError):
                         pass
@@ -132,6 +138,11 @@ class Steps(keras.callbacks.Callback):
                 with open(marker, "w") as f:
                     f.write("1")
                 os.kill(os.getpid(), signal.SIGKILL)
+        if mode == "full" and rank == 0:  # the state at every step, for the test
+            ref = os.path.join(
+                out_dir, "ref", f"{Steps.epochs[-1]}-{batch + 1}.weights.h5"
+            )
+            self.model.save_weights(ref)
         if mode != "killed" or rank != 0:
             return
         if in_write.is_set():
@@ -140,7 +151,14 @@ class Steps(keras.callbacks.Callback):
             if not in_write.wait(60):
                 raise RuntimeError("the blocked backup write never started")
             print(
-                json.dumps({"rank": 0, "killing": True, "steps": Steps.during_write}),
+                json.dumps(
+                    {
+                        "rank": 0,
+                        "killing": True,
+                        "steps": Steps.during_write,
+                        "blocked_at": Steps.blocked_at,
+                    }
+                ),
                 flush=True,
             )
             os.kill(os.getpid(), signal.SIGKILL)
@@ -172,8 +190,9 @@ record = {
 if mode == "full" and rank == 0:
     import h5py
 
-    final = os.path.join(out_dir, "final.weights.h5")
-    model.save_weights(final)
+    with open(os.path.join(backup_dir, "training_metadata.json")) as f:
+        at = json.load(f)["keras_mpfp16"]
+    final = os.path.join(out_dir, "ref", f"{at['epoch']}-{at['steps_done']}.weights.h5")
 
     def datasets(path):
         found = {}
