@@ -1,7 +1,7 @@
-"""The docs' tables and quoted figures agree with the JSON results they cite.
+"""The docs' and README's tables and quoted figures agree with their JSON.
 
-`examples/benchmarks/report.py` writes every table of figures in docs/ from
-docs/benchmarks/*.json; `--check` compares without writing. These tests run
+`examples/benchmarks/report.py` writes every table of figures in docs/ and
+README.md from docs/benchmarks/*.json; `--check` compares without writing. These tests run
 it (no training, a second or two) and check that it catches a wrong table, a
 wrong figure in the prose and a command that does not match its file.
 """
@@ -36,9 +36,10 @@ def test_every_docs_table_and_quoted_figure_matches_its_json():
 
 @pytest.fixture
 def docs_copy(tmp_path):
-    """A copy of docs/ (pages and JSON) that a test may tamper with."""
+    """A copy of docs/ (pages and JSON) and README.md beside it, to tamper with."""
     copy = tmp_path / "docs"
     shutil.copytree(DOCS, copy, ignore=shutil.ignore_patterns("*.png"))
+    shutil.copy(ROOT / "README.md", tmp_path / "README.md")
     return copy
 
 
@@ -131,3 +132,21 @@ def test_check_fails_on_a_mean_and_std_in_the_prose_that_no_json_holds(docs_copy
     result = report(docs_copy / "benchmarks", "--check")
     assert result.returncode == 1
     assert "'92.36 ± 0.29' in the prose is not a figure of the JSON" in result.stdout
+
+
+def test_check_covers_the_readme_benchmark_table(docs_copy):
+    readme = docs_copy.parent / "README.md"
+    assert "<!-- table:readme -->" in readme.read_text()
+    row = first_table_row(readme)
+    digits = next(c for c in row if c.isdigit())
+    tamper(readme, row, row.replace(digits, str((int(digits) + 1) % 10), 1))
+    result = report(docs_copy / "benchmarks", "--check")
+    assert result.returncode == 1, result.stdout
+    assert "README.md: table readme differs from its JSON" in result.stdout
+
+    assert report(docs_copy / "benchmarks").returncode == 0
+    assert row in readme.read_text()
+    # Without the marker the README's figures would go unchecked.
+    tamper(readme, "<!-- table:readme -->", "")
+    result = report(docs_copy / "benchmarks", "--check")
+    assert "table readme is not placed in any page" in result.stdout

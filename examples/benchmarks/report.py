@@ -10,7 +10,9 @@ A table lives in a page between two markers,
     ...generated Markdown...
     <!-- /table -->
 
-and NAME is one of `TABLES` below, a function of the JSON folder. Rewriting
+and NAME is one of `TABLES` below, a function of the JSON folder. The pages
+are every Markdown file under the docs folder and README.md beside it (the
+repository root). Rewriting
 replaces what is between the markers and nothing else. Figures quoted in the
 prose around the tables are listed in `PROSE`: each entry builds the exact
 phrase from the JSON, and the page must contain it (whitespace and line
@@ -35,6 +37,15 @@ RUN_ALL = Path(__file__).resolve().parent / "run_all.sh"
 MARKER = re.compile(
     r"(<!-- table:(?P<name>[\w.-]+) -->\n)(?P<body>.*?)(\n<!-- /table -->)", re.S
 )
+
+
+def pages(docs: Path) -> list[tuple[Path, Path]]:
+    """(page, name to report) for every page with tables: docs/ and the README."""
+    out = [(page, page.relative_to(docs)) for page in sorted(docs.rglob("*.md"))]
+    readme = docs.parent / "README.md"
+    if readme.exists():
+        out.append((readme, Path("README.md")))
+    return out
 
 
 def table(name):
@@ -1743,6 +1754,84 @@ def _wire_prose(folder):
     ]
 
 
+# -- README.md: the short table of headline figures ----------------------------------
+
+
+@table("readme")
+def readme(folder):
+    """The README's benchmark table: a few headline ratios, each with its N."""
+    p = load(folder, "peers.json")
+    d = p["policies"]
+    pol = [q for q in PEER_POLICIES if q in d]
+
+    def peer(key):
+        return span([d[q]["median_ratios"][key] for q in pol])
+
+    over = overhead_rows(folder)
+    ours, _, _ = allreduce_spans(folder)
+    ar = load(folder, "allreduce_np2.json")
+    job = load(folder, "imdb_job.json")
+    main = load(folder, "cluster_main.json")
+    dense2 = [
+        j
+        for j in main["jobs"]
+        if j["name"] == "dense" and j["rate"] == "1gbit" and j["nodes"] == 2
+    ]
+    sparse = load(folder, "cluster_sparse.json")
+    sp2 = [j for j in sparse["jobs"] if j["nodes"] == 2]
+
+    def n(data):
+        return str(recorded_settings(data)["rounds"])
+
+    rows = [
+        [
+            "scaling efficiency: np=2 ÷ two single-core processes",
+            peer(EFFICIENCY),
+            n(p),
+        ],
+        [
+            "np=2 ÷ `tf_keras` + MultiWorkerMirroredStrategy, both pinned, "
+            "one thread per worker",
+            f"{peer('ours2_over_mwms2_bound')}×",
+            n(p),
+        ],
+        [
+            "np=2 ÷ MultiWorkerMirroredStrategy, both on TensorFlow's default threads",
+            f"{peer('ours2_tfdef_over_mwms2')}×",
+            n(p),
+        ],
+        [
+            "one process: ours ÷ the bare optimizer (samples/s)",
+            span([o["ratio_ours_over_plain"] for _, o in over]),
+            n(over[0][1]),
+        ],
+        ["fused allreduce ÷ raw mpi4py at ≥ 1 MiB", f"{span(ours)}×", n(ar)],
+        [
+            "keras.io's IMDB job at np=2 ÷ the unmodified single process (wall time)",
+            f"{job['ratios']['kmp_np2/single']['whole_job']:.2f}×",
+            n(job),
+        ],
+        [
+            "emulated 2 nodes at 1 Gbit/s: 16-bit wire step ÷ float32 wire step",
+            f"{span([dense2[0]['ratios'][k] for k in ('f16/f32 step', 'bf16/f32 step')])}×",
+            n(main),
+        ],
+        [
+            "emulated 2 nodes at 1 Gbit/s: IMDB-shaped step, dense ÷ gathered "
+            "Embedding rows",
+            f"{sp2[0]['ratios']['dense/sparse step']:.1f}×",
+            n(sparse),
+        ],
+    ]
+    return (
+        f"*Measured on a {p['cpus']}-core CPU at np=2 (the cluster rows: emulated "
+        "nodes on that machine); each figure is the median of N interleaved rounds (a range: over precision policies or "
+        "message sizes). Every table, plot and command: "
+        "[docs/benchmarks.md](docs/benchmarks.md).*\n\n"
+        + md(["measure", "ratio", "N"], rows)
+    )
+
+
 PROSE: list[tuple[str, Callable[[Path], str]]] = [
     *(("benchmarks.md", lambda f, i=i: _wire_prose(f)[i]) for i in range(2)),
     *(("benchmarks.md", lambda f, i=i: _peers_prose(f)[i]) for i in range(5)),
@@ -1951,9 +2040,8 @@ def pm_problems(folder: Path, docs: Path) -> list[str]:
 def process(folder: Path, docs: Path, write: bool) -> list[str]:
     """Rewrites (or checks) every marked table; returns the problems found."""
     problems, seen = [], set()
-    for page in sorted(docs.rglob("*.md")):
+    for page, rel in pages(docs):
         text = page.read_text()
-        rel = page.relative_to(docs)
 
         def replace(m, rel=rel):
             name, body = m.group("name"), m.group("body")
