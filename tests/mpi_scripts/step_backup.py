@@ -9,8 +9,9 @@ background, a rank 0 killed in the middle of one, and the resume.
 - MODE `killed`: the same script, but on rank 0 the background write of the
   backup due at epoch 2 (index 1), step 10 blocks after the weights file is
   written (a stand-in for a slow disk: the write is in progress, nothing
-  renamed yet). Training goes on meanwhile; three steps later rank 0
-  SIGKILLs itself, mid-write. Before that it prints a JSON line: the steps
+  renamed yet). Training goes on meanwhile; from step 13 on, at the first
+  step end that finds that write in flight, rank 0 SIGKILLs itself,
+  mid-write. Before that it prints a JSON line: the steps
   run while the write was in flight.
 - MODE `resume`: the same script run normally again (resumes from the
   backup the kill left).
@@ -147,7 +148,16 @@ class Steps(keras.callbacks.Callback):
             return
         if in_write.is_set():
             Steps.during_write.append(batch)
-        if Steps.at == KILL_AT:
+        # From KILL_AT on, SIGKILL at the first step end that finds the
+        # blocked write in flight. Under load the due backup can be taken a
+        # few steps late (one write at a time), so do not wait at KILL_AT
+        # itself: the snapshot is taken at a step end, which waiting here
+        # would hold back. Only the epoch's last step waits (its end-of-epoch
+        # backup would wait for the blocked write forever).
+        if Steps.at >= KILL_AT:
+            last = Steps.at[1] >= STEPS - 1
+            if not in_write.is_set() and not last:
+                return
             if not in_write.wait(60):
                 raise RuntimeError("the blocked backup write never started")
             print(
