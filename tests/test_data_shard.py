@@ -270,3 +270,28 @@ def test_fingerprint_samples_only_large_arrays():
     # A strided view gives the fingerprint of its values.
     wide = np.zeros((rows, 128), np.float32)
     assert fp.fingerprint_arrays(wide[:, ::2]) == base
+
+
+def test_tf_data_fingerprint_reads_several_small_elements():
+    """The CI failure of stop 35: two unseeded shuffles of 60 rows that start
+    with the same row. One element read, they looked the same; the leading
+    elements tell them apart. Large elements stop the read after one."""
+    import importlib
+
+    fp = importlib.import_module("keras_mpfp16.data.fingerprint")
+
+    rows_ = np.arange(60, dtype=np.float32).reshape(60, 1)
+    order_a = np.arange(60)
+    order_b = np.concatenate([[0], np.arange(59, 0, -1)])  # same first row
+    a = tf.data.Dataset.from_tensor_slices(rows_[order_a])
+    b = tf.data.Dataset.from_tensor_slices(rows_[order_b])
+    assert fp.first_element_crc(a) == fp.first_element_crc(b)
+    assert fp.fingerprint(a) != fp.fingerprint(b)
+    assert fp.fingerprint(a) == fp.fingerprint(
+        tf.data.Dataset.from_tensor_slices(rows_[order_a])
+    )
+    crc, count = fp.leading_elements_crc(a)
+    assert count == fp.LEADING_ELEMENTS
+    big = tf.data.Dataset.from_tensor_slices(np.zeros((4, 2**18 + 1), np.float32))
+    assert fp.leading_elements_crc(big)[1] == 1
+    assert fp.leading_elements_crc(a.take(3))[1] == 3
