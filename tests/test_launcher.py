@@ -288,9 +288,10 @@ def test_docs_show_the_tested_batch_script():
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
-    script = (root / "examples" / "slurm" / "train.sbatch").read_text()
     page = (root / "docs" / "launching.md").read_text()
-    assert f"```bash\n{script}```" in page
+    for name in ("train.sbatch", "train_restart.sbatch"):  # restart recipe too
+        script = (root / "examples" / "slurm" / name).read_text()
+        assert f"```bash\n{script}```" in page, name
 
 
 def test_pmix_security_mode_chosen_before_mpi_starts():

@@ -1,6 +1,6 @@
 """Real Slurm jobs: srun with PMIx at 2 and 3 tasks, the documented sbatch
-script, and the launcher/MPI mismatch refused (`srun --mpi=none`,
-`--mpi=pmi2`: Open MPI 5 has no PMI-2).
+scripts (the restart recipe included), and the launcher/MPI mismatch refused
+(`srun --mpi=none`, `--mpi=pmi2`: Open MPI 5 has no PMI-2).
 
 Runs on the single-node Slurm that `.ci/slurm-up` starts (the `slurm`
 fixture); skipped, with the reason, where it cannot (not root, no Slurm).
@@ -12,17 +12,21 @@ import json
 import os
 import re
 import shutil
+import signal
+import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
-from mpi_launch import SCRIPTS, run_mpi
+from mpi_launch import SCRIPTS, MPIResult, mpi_env, run_mpi
 from slurm_launch import ROOT, run_sbatch, run_srun, slurm  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("slurm")
 
 SBATCH = ROOT / "examples" / "slurm" / "train.sbatch"
+RESTART_SBATCH = ROOT / "examples" / "slurm" / "train_restart.sbatch"
 
 
 def ok(result):
@@ -110,3 +114,168 @@ def test_doctor_under_srun():
     assert [r["launcher_local_rank"] for r in report["ranks"]] == [0, 1]
     cores = len(os.sched_getaffinity(0))
     assert result.returncode == (0 if cores >= 2 else 1), result.describe()
+
+
+def _sbatch_while_requeued(
+    job: Path, name: str, options: list[str], timeout: float, during
+):
+    """`sbatch --wait` of `job`; `during()` is called once, while the job
+    waits in the queue after a requeue (Slurm holds a requeued job back
+    cred_expire + 1 seconds: 31 on .ci/slurm-up's cluster), or after the
+    job if it never waited so. Returns (result, job id)."""
+    proc = subprocess.Popen(
+        ["sbatch", "--wait", f"--job-name={name}", *options, str(job)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=mpi_env({}),
+        start_new_session=True,
+    )
+    start, done = time.monotonic(), False
+    while proc.poll() is None:
+        if time.monotonic() - start > timeout:
+            subprocess.run(["scancel", f"--name={name}"], timeout=30)
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            raise AssertionError(
+                f"Slurm job {name} did not end within {timeout}s (hang?)\n"
+                f"{out[-3000:]}\n{err[-3000:]}\n"
+                + "\n".join(p.read_text()[-6000:] for p in job.parent.glob("*.out"))
+            )
+        if not done:
+            queue = subprocess.run(
+                ["squeue", "-h", f"--name={name}", "-o", "%T %r"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            ).stdout.split()
+            if queue[:2] == ["PENDING", "BeginTime"]:
+                during()
+                done = True
+        time.sleep(0.5)
+    out, err = proc.communicate()
+    result = MPIResult(proc.returncode, out, err, time.monotonic() - start)
+    if not done:
+        during()
+    found = re.search(r"Submitted batch job (\d+)", out)
+    assert found, result.describe()
+    return result, found.group(1)
+
+
+def test_restart_recipe_relaunches_a_killed_rank_and_requeues_when_preempted(
+    tmp_path,
+):
+    """examples/slurm/train_restart.sbatch at 2 tasks (adapted as
+    `train.sbatch` is above) running tests/mpi_scripts/step_backup.py
+    (`BackupAndRestore(save_freq=5)`, mode `slurm`):
+
+    1. the last rank SIGKILLs itself in epoch 2 from step 13 on, once a
+       backup of epoch 2 step 10 or later is on disk: the job step ends 137
+       and the recipe runs it again in the same allocation;
+    2. which resumes at that backup; at epoch 3 step 8 (or later),
+       `scancel --full --signal=TERM` (what a preemption or the time limit
+       sends: every task and the batch shell) stops every rank at one step
+       with a backup, status 75, and the recipe requeues the job;
+    3. the requeued job (a new allocation, `SLURM_RESTART_COUNT=1`) resumes
+       at that step and completes: exit 0, weights, optimizer state and the
+       last epoch's history bitwise those of an uninterrupted
+       `mpirun -np 2` run (run while the requeued job waits in the queue)."""
+    kmp_launch = Path(sys.executable).parent / "kmp-launch"
+    assert kmp_launch.is_file(), f"{kmp_launch} missing: pip install -e ."
+    text = RESTART_SBATCH.read_text()
+    for part in (
+        "$HOME/kmp-venv",
+        "--gpus-per-task=1",
+        "kmp-launch srun",
+        "python train.py",
+    ):
+        assert text.count(part) == 1, part
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    text = text.replace("$HOME/kmp-venv", str(Path(sys.executable).parent.parent))
+    text = text.replace("python train.py", f"python train.py {run_dir} slurm")
+    text = "\n".join(
+        line for line in text.splitlines() if "--gpus-per-task" not in line
+    )
+    job = tmp_path / "train_restart.sbatch"
+    job.write_text(text + "\n")
+    shutil.copy(SCRIPTS / "step_backup.py", tmp_path / "train.py")
+    name = f"kmp-test-{uuid.uuid4().hex[:8]}"
+    (tmp_path / "full").mkdir()
+    full = []
+
+    def reference():
+        args = (str(tmp_path / "full"), "full")
+        full.append(run_mpi(2, "step_backup.py", *args, timeout=400))
+
+    result, job_id = _sbatch_while_requeued(
+        job,
+        name,
+        [
+            f"--chdir={tmp_path}",
+            "--nodes=1",
+            "--ntasks-per-node=2",
+            "--cpus-per-task=1",
+            "--export=ALL,PYTHONPATH=" + str(ROOT),
+        ],
+        timeout=500,
+        during=reference,
+    )
+    assert full[0].returncode == 0, full[0].describe()
+    want = full[0].records()[0]
+    (output,) = tmp_path.glob(f"{name}-{job_id}.out")
+    log = output.read_text()
+    why = f"{result.describe()}\n--- {output.name} ---\n{log[-8000:]}"
+    assert result.returncode == 0, why
+    assert (run_dir / "killed").exists() and (run_dir / "preempted").exists(), why
+    steps = re.findall(
+        r"kmp: job step (\d+) of allocation (\d+) ended with status (\d+)", log
+    )
+    # The killed rank's job step: 137 (srun's status for a task killed by
+    # SIGKILL), or 69 should the heartbeats declare the rank lost first.
+    assert steps[0][:2] == ("0", "0") and steps[0][2] in ("137", "69"), why
+    assert steps[1] == ("1", "0", "75") and steps[-1][1:] == ("1", "0"), why
+    # In between, only in the requeued allocation: a job step ended by a
+    # stray signal. Slurm 22.05 here sometimes signals a requeued job's
+    # first job step some seconds after it starts (the node daemon still
+    # ending the job's previous run, it seems): seen in 3 of 7 runs, and the
+    # recipe relaunches it, as it should.
+    assert all(a == "1" and st in ("137", "143", "69") for _, a, st in steps[2:-1]), why
+    assert log.count(f"kmp: requeueing job {job_id} (status 75)") == 1, why
+    shown = subprocess.run(
+        ["scontrol", "show", "job", job_id], capture_output=True, text=True, timeout=30
+    ).stdout
+    assert "Restarts=1" in shown and "JobState=COMPLETED" in shown, shown
+
+    recs = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+    starts: dict = {}
+    for r in recs:
+        if "start" in r:
+            starts.setdefault((r["launch"], r["rank"]), []).append(tuple(r["start"]))
+    assert sorted(starts) == [
+        (launch, rank) for launch in (1, 2, 3) for rank in (0, 1)
+    ], why
+    assert starts[1, 0] == starts[1, 1] == [(0, 0)], starts
+    (resumed,) = starts[2, 0]
+    assert starts[2, 1] == [resumed] and resumed >= (1, 10), starts
+    stops = {
+        r["rank"]: tuple(r["preempted"])
+        for r in recs
+        if r.get("launch") == 2 and "preempted" in r
+    }
+    assert sorted(stops) == [0, 1] and stops[0] == stops[1], why
+    assert stops[0] > resumed and stops[0][0] == 2 and 8 <= stops[0][1] < 20, stops
+    # The requeued job resumes where the preempted one stopped.
+    assert starts[3, 0][0] == starts[3, 1][0] == stops[0], (starts, stops)
+    # Every relaunch that got as far as fit resumed (a stray signal may end
+    # one before).
+    assert 2 <= log.count("keras_mpfp16: RESUMING") <= len(steps) - 1, why
+
+    final = sorted((r for r in recs if "digest" in r), key=lambda r: r["rank"])
+    assert [r["rank"] for r in final] == [0, 1], why
+    for r in final:
+        assert r["epochs_run"] == [2] and r["first_step"] == starts[3, 0][-1][1], r
+        assert r["digest"] == want["digest"], (r["digest"], want["digest"])
+        assert r["iterations"] == want["iterations"]
+        for key, values in r["history"].items():
+            assert values == want["history"][key][2:], key

@@ -20,6 +20,20 @@ background, a rank 0 killed in the middle of one, and the resume.
   step-10 backup is on disk, writes the marker and SIGKILLs itself; run
   under `python -m keras_mpfp16.runtime.launch --max-restarts 1`, the
   relaunch resumes from that backup.
+- MODE `slurm`: under the restart recipe examples/slurm/train_restart.sbatch
+  (tests/test_slurm.py). Launch 1 (no `DIR/killed`): the last rank, from
+  epoch 2 step 13 on, at the first step end that finds a backup of epoch 2
+  step 10 or later on disk, writes the marker and SIGKILLs itself (it never
+  waits for the backup: a due backup can be taken a few steps late under
+  load, at a step end rank 0 would not reach while this rank waited; every
+  rank sleeps 50 ms a step from epoch 2 step 6 on, so the writes keep up).
+  Launch 2 (no `DIR/preempted`): the last rank, at epoch 3 step 8 (or its
+  first step, if later), writes `DIR/preempted` and has Slurm send
+  SIGTERM to every process of the job, batch shell included (`scancel --full --signal=TERM $SLURM_JOB_ID`: what a preemption or the
+  time limit sends), then waits until the signal has reached it; every rank
+  stops at one step (exit 75). Launch 3: to the end. Every rank prints a
+  JSON line at its first step (`launch`, `start`: [epoch, step]) and, when
+  preempted, one with the step it stopped at (`preempted`).
 
 Prints one JSON line per rank after `fit`: the epochs run, the first step,
 the history, a digest of every model and optimizer variable.
@@ -29,6 +43,7 @@ import hashlib
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -46,6 +61,12 @@ rank, n = kmp.rank(), kmp.size()
 EPOCHS, BATCH, STEPS, FREQ = 3, 4, 20, 5
 BLOCKED = (1, 9)  # the backup due at the end of this (epoch, batch) blocks
 KILL_AT = (1, 12)
+PREEMPT_AT = (2, 7)  # `slurm` mode, launch 2
+launch = 0
+if mode == "slurm":
+    launch = 1 if not os.path.exists(os.path.join(out_dir, "killed")) else 2
+    if launch == 2 and os.path.exists(os.path.join(out_dir, "preempted")):
+        launch = 3
 
 rng = np.random.default_rng(11)
 x = rng.normal(size=(BATCH * STEPS * n, 6)).astype("float32")
@@ -119,26 +140,25 @@ class Steps(keras.callbacks.Callback):
     def on_train_batch_begin(self, batch, logs=None):
         if Steps.first_step is None:
             Steps.first_step = batch
+            if mode == "slurm":
+                start = {
+                    "rank": rank,
+                    "launch": launch,
+                    "start": [Steps.epochs[-1], batch],
+                }
+                print(json.dumps(start), flush=True)
         Steps.at = (Steps.epochs[-1], batch)
 
     def on_train_batch_end(self, batch, logs=None):
         if mode == "sigkill" and rank == n - 1 and Steps.at == KILL_AT:
             marker = os.path.join(out_dir, "killed")
             if not os.path.exists(marker):
-                meta = os.path.join(backup_dir, "training_metadata.json")
-                deadline = time.monotonic() + 120
-                while time.monotonic() < deadline:
-                    try:
-                        with open(meta) as f:
-                            done = json.load(f)["keras_mpfp16"]
-                        if done["epoch"] == 1 and done["steps_done"] >= 10:
-                            break
-                    except (OSError, ValueError, KeyError):
-                        pass
-                    time.sleep(0.1)
+                wait_for_backup(1, 10)
                 with open(marker, "w") as f:
                     f.write("1")
                 os.kill(os.getpid(), signal.SIGKILL)
+        if mode == "slurm":
+            self.slurm_faults()
         if mode == "full" and rank == 0:  # the state at every step, for the test
             ref = os.path.join(
                 out_dir, "ref", f"{Steps.epochs[-1]}-{batch + 1}.weights.h5"
@@ -173,6 +193,57 @@ class Steps(keras.callbacks.Callback):
             )
             os.kill(os.getpid(), signal.SIGKILL)
 
+    def slurm_faults(self):
+        if launch == 1 and Steps.at >= (1, 5):
+            time.sleep(0.05)
+        if rank != n - 1:
+            return
+        if launch == 1 and Steps.at >= KILL_AT and backup_on_disk((1, 10)):
+            with open(os.path.join(out_dir, "killed"), "w") as f:
+                f.write("1")
+            os.kill(os.getpid(), signal.SIGKILL)
+        preempted = os.path.join(out_dir, "preempted")
+        if launch == 2 and Steps.at >= PREEMPT_AT and not os.path.exists(preempted):
+            from keras_mpfp16.runtime.supervision import preemption
+
+            with open(preempted, "w") as f:
+                f.write("1")
+            job = os.environ["SLURM_JOB_ID"]
+            # Not checked: scancel, a process of this job step, gets the
+            # signal too (and dies of it, or of the SIGUSR1 it becomes).
+            subprocess.run(["scancel", "--full", "--signal=TERM", job])
+            deadline = time.monotonic() + 120
+            while preemption.requested() is None and time.monotonic() < deadline:
+                time.sleep(0.05)  # the signal handler runs in here
+            if preemption.requested() is None:
+                raise RuntimeError("scancel's SIGTERM did not arrive within 120 s")
+
+
+def backup_on_disk(at_least):
+    """Whether rank 0's newest backup on disk is at (epoch, steps done)
+    `at_least` or later."""
+    try:
+        with open(os.path.join(backup_dir, "training_metadata.json")) as f:
+            done = json.load(f)["keras_mpfp16"]
+        return (done["epoch"], done["steps_done"]) >= at_least
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def wait_for_backup(epoch, steps_done):
+    """Until rank 0's backup of (epoch, >= steps_done) is on disk (120 s)."""
+    meta = os.path.join(backup_dir, "training_metadata.json")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            with open(meta) as f:
+                done = json.load(f)["keras_mpfp16"]
+            if done["epoch"] == epoch and done["steps_done"] >= steps_done:
+                break
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.1)
+
 
 backup_dir = os.path.join(out_dir, "backup")
 callbacks = [
@@ -181,14 +252,19 @@ callbacks = [
         backup_dir, save_freq=FREQ, delete_checkpoint=(mode != "full")
     ),
 ]
-hist = model.fit(
-    *kmp.shard(x, y),
-    batch_size=BATCH,
-    epochs=EPOCHS,
-    shuffle=False,
-    verbose=0,
-    callbacks=callbacks,
-)
+try:
+    hist = model.fit(
+        *kmp.shard(x, y),
+        batch_size=BATCH,
+        epochs=EPOCHS,
+        shuffle=False,
+        verbose=0,
+        callbacks=callbacks,
+    )
+except kmp.Preempted as exc:
+    stop = {"rank": rank, "launch": launch, "preempted": [exc.epoch, exc.steps_done]}
+    print(json.dumps(stop), flush=True)
+    raise
 record = {
     "rank": rank,
     "epochs_run": Steps.epochs,
