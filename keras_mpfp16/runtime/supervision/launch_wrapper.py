@@ -1,4 +1,5 @@
-"""`python -m keras_mpfp16.runtime.launch mpirun ...`: a job that lost a node ends.
+"""`python -m keras_mpfp16.runtime.launch mpirun ...` (or the console script
+`kmp-launch mpirun ...`): a job that lost a node ends.
 
 When a node's link is cut, the library's heartbeats end every rank within
 `KERAS_MPFP16_HEARTBEAT_TIMEOUT` (30 s) naming the lost rank and host, and
@@ -194,8 +195,8 @@ def run(argv: list[str], grace: float = GRACE, max_restarts: int = 0) -> int:
     size."""
     if not argv:
         raise SystemExit(
-            "usage: python -m keras_mpfp16.runtime.launch [--max-restarts K] "
-            "mpirun -np N ... python train.py"
+            "usage: kmp-launch [--max-restarts K] mpirun -np N ... python "
+            "train.py (or python -m keras_mpfp16.runtime.launch ...)"
         )
     for attempt in range(max_restarts + 1):
         code, verdict = _run_once(argv, grace)
