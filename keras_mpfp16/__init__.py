@@ -26,12 +26,21 @@ _SUPERVISOR_MODULES = (
 )
 
 
+# The console script of `[project.scripts]` that runs the launch wrapper.
+_SUPERVISOR_SCRIPTS = ("kmp-launch",)
+
+
 def _started_as_supervisor() -> bool:
-    """True while `python -m keras_mpfp16.runtime.launch ...` starts.
+    """True while `python -m keras_mpfp16.runtime.launch ...` or the
+    `kmp-launch` console script starts.
 
     Python imports a `-m` module's parent packages (this one first) while
-    `sys.argv[0]` is still `"-m"`; `sys.orig_argv` names the module.
+    `sys.argv[0]` is still `"-m"`; `sys.orig_argv` names the module. A
+    console script imports its module while `sys.argv[0]` is the script's
+    path.
     """
+    if _sys.argv and _sys.argv[0].rsplit("/", 1)[-1] in _SUPERVISOR_SCRIPTS:
+        return True
     if _sys.argv[:1] != ["-m"]:
         return False
     argv = list(getattr(_sys, "orig_argv", ()))

@@ -109,3 +109,85 @@ def test_lost_hosts_are_dropped_from_the_host_list_and_the_size(tmp_path):
     assert dropped == 2 and out[2] == "4"
     assert open(out[4]).read() == "n1 slots=2\nn3 slots=2\n"
     assert launch_wrapper.without_hosts(argv, ["elsewhere"]) == (argv, 0)
+
+
+def test_rank_0s_verdict_wins_over_a_cut_off_ranks(tmp_path, monkeypatch):
+    """Both sides of a cut link declare the other lost at about the same time;
+    on the emulated cluster (or a shared filesystem) both can write the
+    verdict. Rank 0's names the lost host and must be the one read, whichever
+    comes first; a cut-off rank's is kept only when rank 0 wrote none."""
+    path = tmp_path / "verdict"
+    monkeypatch.setenv(launch_wrapper.VERDICT_ENV, str(path))
+    from_rank_0 = "rank 2 (host n3) is unreachable: nothing heard"
+    from_rank_2 = "rank 0 (host n1) is unreachable from rank 2 (host n3)"
+    launch_wrapper.report_lost(from_rank_2, replace=False)
+    launch_wrapper.report_lost(from_rank_0)
+    assert path.read_text() == from_rank_0
+    launch_wrapper.report_lost(from_rank_2, replace=False)
+    assert path.read_text() == from_rank_0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["verdict"]
+    path.unlink()
+    launch_wrapper.report_lost(from_rank_2, replace=False)
+    assert path.read_text() == from_rank_2
+    assert launch_wrapper.lost_hosts(from_rank_0) == ["n3"]
+
+
+def test_kmp_launch_console_script_runs_the_wrapper(tmp_path):
+    """`kmp-launch` (pyproject's `[project.scripts]`) is the wrapper's
+    `main`: the script pip installed beside the interpreter passes the
+    launcher's status, parses `--max-restarts` and restarts a killed launcher,
+    and like `python -m keras_mpfp16.runtime.launch` imports neither Keras
+    nor TensorFlow nor mpi4py (seen with -X importtime)."""
+    import subprocess
+    import tomllib
+    from importlib.metadata import entry_points
+    from pathlib import Path
+
+    from keras_mpfp16.runtime import launch
+
+    root = Path(__file__).resolve().parent.parent
+    scripts = tomllib.loads((root / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts == {"kmp-launch": "keras_mpfp16.runtime.launch:main"}
+    installed = entry_points(group="console_scripts", name="kmp-launch")
+    assert len(installed) == 1, "not installed: pip install -e . (re)creates it"
+    assert next(iter(installed)).load() is launch.main
+    script = Path(sys.executable).parent / "kmp-launch"
+    assert script.is_file(), f"{script} missing: pip install -e . (re)creates it"
+
+    def kmp_launch(*args, python_flags=()):
+        return subprocess.run(
+            [sys.executable, *python_flags, str(script), *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    out = kmp_launch(
+        sys.executable, "-c", "raise SystemExit(3)", python_flags=("-X", "importtime")
+    )
+    assert out.returncode == 3, out.stderr[-2000:]  # the launcher's status
+    imported = {
+        line.rsplit("|", 1)[-1].strip()
+        for line in out.stderr.splitlines()
+        if line.startswith("import time:")
+    }
+    assert "keras_mpfp16.runtime.supervision.launch_wrapper" in imported
+    heavy = sorted(
+        m for m in imported if m.split(".")[0] in {"keras", "tensorflow", "mpi4py"}
+    )
+    assert not heavy, heavy
+
+    bad = kmp_launch("--max-restarts", "two", "true")
+    assert bad.returncode != 0
+    assert "--max-restarts must be a whole number >= 0; received 'two'" in bad.stderr
+
+    marker = tmp_path / "marker"
+    killed_once = f"[ -e {marker} ] && exit 0; touch {marker}; kill -KILL $$"
+    again = kmp_launch("--max-restarts", "1", "sh", "-c", killed_once)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "restart 1 of 1: the launcher ended with status 137" in again.stderr
+    # Run directly (its own #! line), as a user types it.
+    direct = subprocess.run(
+        [str(script), "sh", "-c", "exit 4"], capture_output=True, timeout=120
+    )
+    assert direct.returncode == 4

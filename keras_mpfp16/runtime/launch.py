@@ -1,4 +1,6 @@
-"""`python -m keras_mpfp16.runtime.launch mpirun ...`: the documented command.
+"""`python -m keras_mpfp16.runtime.launch mpirun ...`: the documented command;
+`kmp-launch mpirun ...` (the console script of pyproject.toml's
+`[project.scripts]`) runs its `main` too.
 
 Forwards to the launch wrapper, `keras_mpfp16.runtime.supervision.launch_wrapper`
 (which see); its names stay importable from here.
