@@ -190,16 +190,16 @@ def test_cut_node_restarts_on_the_survivors_and_completes(cluster3, tmp_path):
     records = [json.loads(x) for x in run["stdout"] if x.startswith("{")]
     assert sorted(r["rank"] for r in records) == [0, 1], run["stdout"]
     assert len({r["digest"] for r in records}) == 1, run["stdout"]
-    # Redone work (global samples over both launches minus an uninterrupted
-    # run's). The issue's bound, the backup interval plus two steps at 3
-    # ranks, needs the resume at the same fraction of the epoch (issue 30
-    # item 5, not on main yet): resuming by steps, step 30 of 40 at 3 ranks
-    # becomes step 30 of 60 at 2, and 10 steps of 4 rows per rank are
-    # trained twice more (measured: 180 samples). Until then only the part
-    # that the backup bounds is checked: the steps of the first launch past
-    # the backup.
-    assert first[-1][1] + 1 - backup_step <= run["save_freq"] + 2, detail
+    # Redone work: global samples over both launches minus an uninterrupted
+    # run's (3 x 480), at most the backup interval plus two steps, in steps
+    # of the 3-rank global batch (12 samples). The steps past the backup
+    # are lost; the relaunch at 2 ranks resumes at the same part of the
+    # epoch (step 30 of 40 -> step 45 of 60), rounded down.
     assert run["uninterrupted_samples"] == 3 * 480, detail
-    assert run["redone_samples"] >= 0, detail
+    bound = (run["save_freq"] + 2) * run["global_batch_before"]
+    assert 0 <= run["redone_samples"] <= bound, (
+        f"redone {run['redone_samples']} samples > {bound}\n{detail}"
+    )
+    assert first[-1][1] + 1 - backup_step <= run["save_freq"] + 2, detail
     assert run["timeline_s"]["first_step"] is not None, detail
     assert run["timeline_s"]["first_step"] <= 120, detail
