@@ -483,7 +483,8 @@ class Preemption(keras.callbacks.Callback):
     # -- resume ----------------------------------------------------------------
 
     def on_train_begin(self, logs=None):
-        if self.writer.job is None:  # the user's BackupAndRestore: recorded only
+        users = self.writer.job is None  # the user's BackupAndRestore
+        if users:  # its writer is recorded only, never compared
             self.writer.job = job_identity(self.model)
         self.writer.layout = {
             "ranks": runtime.size(),
@@ -508,8 +509,9 @@ class Preemption(keras.callbacks.Callback):
         if record and runtime.is_root():
             steps = int(self._resume["steps_done"]) if self._resume else 0
             # One line that cannot be missed, also for an epoch-boundary backup.
+            which = "backup" if users else "preemption backup"
             sys.stderr.write(
-                f"keras_mpfp16: RESUMING from the preemption backup in "
+                f"keras_mpfp16: RESUMING from the {which} in "
                 f"{self.writer.backup_dir}: epoch {start + 1}, step {steps} "
                 f"(written by {describe_writer(record.get('writer'))})\n"
             )
