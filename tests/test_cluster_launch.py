@@ -5,6 +5,7 @@ namespaces cannot be made (not root, no `ip netns`)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -17,6 +18,7 @@ from mpi_launch import SCRIPTS, mpi_env
 
 # The emulated-cluster harness is a benchmark tool, not part of the package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "benchmarks"))
+import cluster_restart  # noqa: E402  (examples/benchmarks/cluster_restart.py)
 from cluster import Cluster, available  # noqa: E402
 
 OK, WHY = available()
@@ -141,3 +143,63 @@ def test_cut_node_ends_plain_mpirun_non_zero_within_60s(cluster3, tmp_path):
     assert "rank 2 (host kmpl3) is unreachable" in err, err[-3000:]
     assert "ending this node's launcher daemon (prterun" in err, err[-3000:]
     assert survivors == [], survivors  # nothing left on nodes 1 and 2
+
+
+def test_cut_node_restarts_on_the_survivors_and_completes(cluster3, tmp_path):
+    """Issue 30: a stock Keras script (`BackupAndRestore(save_freq=10)`,
+    `kmp.shard`, 40 steps per epoch at 3 ranks) under
+    `python -m keras_mpfp16.runtime.launch --max-restarts 1 mpirun --host
+    n1:1,n2:1,n3:1 ...`; node 3's link cut after 35 steps of epoch 2 (the
+    step-30 backup on disk) and left cut. Default heartbeat (30 s). The
+    wrapper relaunches on nodes 1-2 at 2 ranks, which resume from the
+    backup; the job completes every epoch and exits 0. The work redone
+    (global samples over both launches minus an uninterrupted run's) is at
+    most the backup interval plus two steps; the first step on the
+    survivors ends within 120 s of the cut."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    run = cluster_restart.run_once(cluster3, run_dir)
+    detail = "\n".join(run["stderr_tail"][-30:]) + f"\ntimeline {run['timeline_s']}"
+    print("timeline (s after the cut):", run["timeline_s"])
+    print(
+        "samples per launch:",
+        run["samples_per_launch"],
+        "redone:",
+        run["redone_samples"],
+    )
+    assert run["status"] == 0, detail
+    assert run["sizes"] == [3, 2], detail
+    restart = [x for x in run["stderr_tail"] if "runtime.launch: restart" in x]
+    assert len(restart) == 1, detail
+    assert "rank 2 (host kmpl3) is unreachable" in restart[0], detail
+    assert restart[0].endswith("lost hosts: ['kmpl3']; size: 2."), detail
+    first, second = run["steps"]
+    # The cut landed mid-epoch: the first launch ended inside epoch 2, after
+    # step 35 (at the first step end that found the step-30 backup on disk).
+    assert first[-1][0] == 1 and 34 <= first[-1][1] <= 39, detail
+    reached = [e for e in run["launches"][0] if e["event"] == "reached"]
+    assert len(reached) == 1, detail
+    assert reached[0]["batch"] == first[-1][1], detail  # no step after the cut
+    backup_step = reached[0]["backup_steps"]
+    assert 30 <= backup_step <= first[-1][1] + 1, detail
+    # The survivors ran epoch 2 to its end and all of epoch 3 (60 steps at 2).
+    assert second[0][0] == 1, detail
+    assert [b for e, b in second if e == 1] == list(range(second[0][1], 60)), detail
+    assert [b for e, b in second if e == 2] == list(range(60)), detail
+    assert run["launches"][1][-1]["event"] == "end", detail
+    records = [json.loads(x) for x in run["stdout"] if x.startswith("{")]
+    assert sorted(r["rank"] for r in records) == [0, 1], run["stdout"]
+    assert len({r["digest"] for r in records}) == 1, run["stdout"]
+    # Redone work: global samples over both launches minus an uninterrupted
+    # run's (3 x 480), at most the backup interval plus two steps, in steps
+    # of the 3-rank global batch (12 samples). The steps past the backup
+    # are lost; the relaunch at 2 ranks resumes at the same part of the
+    # epoch (step 30 of 40 -> step 45 of 60), rounded down.
+    assert run["uninterrupted_samples"] == 3 * 480, detail
+    bound = (run["save_freq"] + 2) * run["global_batch_before"]
+    assert 0 <= run["redone_samples"] <= bound, (
+        f"redone {run['redone_samples']} samples > {bound}\n{detail}"
+    )
+    assert first[-1][1] + 1 - backup_step <= run["save_freq"] + 2, detail
+    assert run["timeline_s"]["first_step"] is not None, detail
+    assert run["timeline_s"]["first_step"] <= 120, detail

@@ -111,6 +111,27 @@ def test_lost_hosts_are_dropped_from_the_host_list_and_the_size(tmp_path):
     assert launch_wrapper.without_hosts(argv, ["elsewhere"]) == (argv, 0)
 
 
+def test_rank_0s_verdict_wins_over_a_cut_off_ranks(tmp_path, monkeypatch):
+    """Both sides of a cut link declare the other lost at about the same time;
+    on the emulated cluster (or a shared filesystem) both can write the
+    verdict. Rank 0's names the lost host and must be the one read, whichever
+    comes first; a cut-off rank's is kept only when rank 0 wrote none."""
+    path = tmp_path / "verdict"
+    monkeypatch.setenv(launch_wrapper.VERDICT_ENV, str(path))
+    from_rank_0 = "rank 2 (host n3) is unreachable: nothing heard"
+    from_rank_2 = "rank 0 (host n1) is unreachable from rank 2 (host n3)"
+    launch_wrapper.report_lost(from_rank_2, replace=False)
+    launch_wrapper.report_lost(from_rank_0)
+    assert path.read_text() == from_rank_0
+    launch_wrapper.report_lost(from_rank_2, replace=False)
+    assert path.read_text() == from_rank_0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["verdict"]
+    path.unlink()
+    launch_wrapper.report_lost(from_rank_2, replace=False)
+    assert path.read_text() == from_rank_2
+    assert launch_wrapper.lost_hosts(from_rank_0) == ["n3"]
+
+
 def test_kmp_launch_console_script_runs_the_wrapper(tmp_path):
     """`kmp-launch` (pyproject's `[project.scripts]`) is the wrapper's
     `main`: the script pip installed beside the interpreter passes the

@@ -120,6 +120,10 @@ def test_sigkilled_rank_restarts_at_the_same_size_and_ends_identically(tmp_path)
     assert len(restarts) == 1, result.describe()
     assert "restart 1 of 1" in restarts[0] and "size: 3" in restarts[0], restarts
     assert "killed by a signal" in restarts[0], restarts
+    # The user's own BackupAndRestore is named as such, not as a preemption's.
+    resumed = [ln for ln in proc.stderr.splitlines() if "RESUMING" in ln]
+    assert len(resumed) == 1, result.describe()
+    assert "RESUMING from the backup in" in resumed[0], resumed
     recs = result.records()
     assert len(recs) == 3, result.describe()
     for r in recs:

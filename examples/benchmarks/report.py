@@ -824,6 +824,50 @@ def cluster_faults(folder):
     )
 
 
+@table("cluster_restart")
+def cluster_restart(folder):
+    d = load(folder, "cluster_restart.json")
+    keys = [
+        ("detected", "detected"),
+        ("killed", "launcher ended"),
+        ("relaunch", "relaunched"),
+        ("ready", "imports done"),
+        ("restored", "restored"),
+        ("first_step", "first step"),
+        ("job_ended", "job ended"),
+    ]
+    rows = []
+    for i, run in enumerate(d["runs"]):
+        t = run["timeline_s"]
+        before = run["last_step_before_cut"]
+        after = run["first_step_after"]
+        rows.append(
+            [
+                i + 1,
+                *(f"{t[k]:.1f}" if t[k] is not None else "–" for k, _ in keys),
+                f"{run['status']}",
+                f"{before[1] + 1}",
+                f"{after[1]}",
+                f"{run['redone_samples']} ({run['redone_samples'] / run['global_batch_before']:g})",
+            ]
+        )
+    return (
+        f"*{d['when']}, {d['cores']} cores, {d['nodes']} nodes at {d['rate']}, "
+        f"heartbeat timeout {d['heartbeat_timeout_s']}; seconds after the cut*\n\n"
+        + md(
+            [
+                "run",
+                *(name for _, name in keys),
+                "exit",
+                "cut after step (of 40, 3 ranks)",
+                "resumed after step (of 60, 2 ranks)",
+                "samples redone (3-rank steps)",
+            ],
+            rows,
+        )
+    )
+
+
 SCALING_ALGORITHMS = ("ring", "recursive doubling", "tree", "rabenseifner")
 
 

@@ -39,6 +39,7 @@ if [ "$(id -u)" = 0 ] && python examples/benchmarks/cluster.py check >/dev/null;
   python examples/benchmarks/cluster_bench.py --suite overlap --rounds 5 --out "$OUT/cluster_overlap.json"
   python examples/benchmarks/cluster_bench.py --suite sparse --rounds 5 --out "$OUT/cluster_sparse.json"
   python examples/benchmarks/cluster_faults.py --repeat 2 --out "$OUT/cluster_faults.json"
+  python examples/benchmarks/cluster_restart.py --repeat 3 --out "$OUT/cluster_restart.json"
   python examples/benchmarks/cluster_scaling.py --link "$OUT/cluster_link.json" --main "$OUT/cluster_main.json" --plot "$OUT/cluster_scaling.png" --out "$OUT/cluster_scaling.json"
   python examples/benchmarks/cluster_report.py "$OUT" --plot
 else

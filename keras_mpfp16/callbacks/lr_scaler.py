@@ -17,6 +17,7 @@ training loads with the original learning rate (see `from_config`).
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -118,7 +119,13 @@ class LearningRateScaler(keras.callbacks.Callback):
     Resuming: the position is the epoch Keras reports (`initial_epoch`) plus
     the batches done in it, and the base `lr0` stays in the optimizer, so
     `fit(..., initial_epoch=k)` on a loaded checkpoint continues the schedule
-    exactly, also in the middle of the warmup.
+    exactly, also in the middle of the warmup. A `fit` resuming from a
+    step-level backup (`BackupAndRestore(save_freq=K)`, a preemption)
+    continues at the step it resumes at. Relaunched on another number of
+    ranks, N is the new one (the factor is computed from `keras_mpfp16.size()`
+    when `num_workers` is not given), and rank 0 says so once on stderr:
+    `keras_mpfp16: resumed at 2 ranks (backup written at 3):
+    LearningRateScaler's rate is now X (was Y; ...)`.
 
     `keras.callbacks.ReduceLROnPlateau` composes: its
     `optimizer.learning_rate = new_lr` multiplies the schedule by
@@ -226,12 +233,12 @@ class LearningRateScaler(keras.callbacks.Callback):
             return ops.cast(original(self._optimizer.iterations), "float32")
         return ops.cast(ops.convert_to_tensor(original), "float32")
 
-    def _current_rate(self):
+    def _current_rate(self, factor: float | None = None):
         epoch = self._epoch + ops.cast(self._batch, "float32") * self._inv_steps
         rate = scaled_learning_rate(
             epoch,
             self._base_rate(),
-            self.factor,
+            self.factor if factor is None else factor,
             warmup_epochs=self.warmup_epochs,
             decay=self.decay,
             max_lr=self.max_lr,
@@ -329,13 +336,39 @@ class LearningRateScaler(keras.callbacks.Callback):
             mult = np.asarray([ops.convert_to_numpy(self._multiplier)], np.float64)
             self._multiplier.assign(float(runtime.broadcast(mult)[0]))
         self._epoch.assign(float(epoch))
-        self._batch.assign(0)
+        # A fit resuming in the middle of this epoch starts at its step.
+        resumed = progress.resumed()
+        resumed = resumed if resumed is not None and resumed[0] == epoch else None
+        self._batch.assign(resumed[1] if resumed is not None else 0)
         self._rate.assign(self._current_rate())
+        if resumed is not None:
+            self._announce_resize(resumed[2])
         if self.verbose > 0 and runtime.is_root():
             print(
                 f"\nEpoch {epoch + 1}: LearningRateScaler sets the learning rate to "
                 f"{float(ops.convert_to_numpy(self._rate)):.6g}."
             )
+
+    def _announce_resize(self, written_at: int | None) -> None:
+        """Rank 0, once per resume: the rate for this number of ranks when
+        the backup was written by another (`num_workers` not given)."""
+        size = runtime.size()
+        if written_at in (None, size) or self.num_workers is not None:
+            return
+        if not runtime.is_root():
+            return
+        now = float(ops.convert_to_numpy(self._rate))
+        was = float(
+            ops.convert_to_numpy(
+                self._current_rate(scale_factor(self.rule, written_at, self.n0))
+            )
+        )
+        sys.stderr.write(
+            f"keras_mpfp16: resumed at {size} ranks (backup written at "
+            f"{written_at}): LearningRateScaler's rate is now {now:.6g} "
+            f"(was {was:.6g}; rule {self.rule!r})\n"
+        )
+        sys.stderr.flush()
 
     def on_train_end(self, logs=None):
         self._remove()

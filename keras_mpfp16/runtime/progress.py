@@ -8,6 +8,9 @@ catches a rank with more batches per epoch at the first mismatched step.
 from __future__ import annotations
 
 _epoch: int = -1
+# (epoch, step, ranks that wrote the backup or None) of a fit resuming in
+# the middle of an epoch, from its start until that epoch begins.
+_resumed: tuple[int, int, int | None] | None = None
 
 
 def set_epoch(epoch: int) -> None:
@@ -21,4 +24,24 @@ def epoch() -> int:
     return _epoch
 
 
-__all__ = ["epoch", "set_epoch"]
+def set_resumed(epoch: int, step: int, written_at: int | None) -> None:
+    """Records that the `fit` starting resumes at `step` of `epoch` from a
+    backup written by `written_at` ranks (None: not recorded); called from
+    `on_train_begin`, read by callbacks in the epoch's `on_epoch_begin`."""
+    global _resumed
+    _resumed = (int(epoch), int(step), None if written_at is None else int(written_at))
+
+
+def clear_resumed() -> None:
+    """Forgets the resume point (its epoch has begun, or there is none)."""
+    global _resumed
+    _resumed = None
+
+
+def resumed() -> tuple[int, int, int | None] | None:
+    """`(epoch, step, ranks that wrote the backup)` of a `fit` resuming in
+    the middle of an epoch, until that epoch has begun; else None."""
+    return _resumed
+
+
+__all__ = ["clear_resumed", "epoch", "resumed", "set_epoch", "set_resumed"]

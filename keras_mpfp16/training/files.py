@@ -33,7 +33,9 @@ model compiled with a `DistributedOptimizer` (more than one process):
   the epoch's metric state (key `"keras_mpfp16"` of Keras's metadata file),
   so a backup written in the middle of an epoch (`save_freq=<int>`, or at
   a preemption, see `training.preemption`) resumes at that step, not at the
-  start of the epoch.
+  start of the epoch; and the number of ranks, steps per epoch and per-rank
+  batch size, so a job relaunched on another number of ranks resumes at the
+  same part of the epoch (`training.preemption.step_at_new_size`).
 """
 
 from __future__ import annotations
@@ -260,6 +262,10 @@ class SafeBackupAndRestore(CallbackWrapper):
         self.backups_written = 0  # complete backups swapped in (this object)
         self.backups_deferred = 0  # step-level backups taken late (a write ran)
         self.job = None  # the writer record stored with each backup (a dict)
+        # The job's layout when it writes: {"ranks", "steps_per_epoch",
+        # "batch_size"} (set by `training.preemption.Preemption`), for a
+        # resume at another number of ranks.
+        self.layout: dict = {}
 
     # -- restore -------------------------------------------------------------
 
@@ -284,6 +290,7 @@ class SafeBackupAndRestore(CallbackWrapper):
 
     def resume_point(self) -> dict | None:
         """Rank 0, after `on_train_begin`: `{"epoch", "steps_done", "metrics"}`
+        (and `"ranks"`, `"steps_per_epoch"`, `"batch_size"` where recorded)
         of the backup restored, when it was written by this class (None for
         no backup, or one Keras wrote alone: resume at its epoch)."""
         _, metadata = keras_internals.backup_paths(self.callback)
@@ -324,6 +331,7 @@ class SafeBackupAndRestore(CallbackWrapper):
             "epoch": self._epoch,
             "steps_done": self._steps,
             "metrics": [float(v) for v in metrics] if self._steps else [],
+            **self.layout,
         }
         if self.job is not None:
             record["writer"] = self.job

@@ -25,7 +25,9 @@ naming the backup, its writer and what differs, unless
 `KERAS_MPFP16_PREEMPTION_RESUME` says `always` (resume on purpose) or
 `fresh` (delete it and start over). The number of ranks and the hosts are
 not part of the comparison: the same job relaunched on another allocation
-resumes.
+resumes, also on another number of ranks, where the interrupted epoch
+continues at the same part of the epoch (`step_at_new_size`), not at the
+same step count.
 
 Started again with the same script and arguments, `fit` restores rank 0
 from the backup (the user's `BackupAndRestore` does, or the library's own
@@ -58,6 +60,7 @@ from keras_mpfp16 import _settings as env
 from keras_mpfp16 import runtime
 from keras_mpfp16.data.shard import fingerprints as shard_fingerprints
 from keras_mpfp16.internals import keras as keras_internals
+from keras_mpfp16.runtime import progress
 from keras_mpfp16.runtime.supervision import atomic_files, preemption
 from keras_mpfp16.sync.metric_reduction import metric_variables
 from keras_mpfp16.training.files import SafeBackupAndRestore
@@ -68,6 +71,91 @@ _fits = {"count": 0}  # collective fits started by this process
 # What must be equal for a backup to be resumed; the rest of a writer record
 # (host, time, ranks, Slurm job id, pid) is recorded for the message only.
 COMPARED = ("script", "arguments", "model", "loss", "optimizer", "data")
+
+
+def _count(record: dict, key: str) -> int | None:
+    """A positive integer of a backup's layout, or None when not recorded."""
+    value = record.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        return None
+    return value
+
+
+def step_at_new_size(steps_done: int, written: dict, now: dict) -> tuple[int, str]:
+    """The step to resume an interrupted epoch at, on another number of ranks.
+
+    A backup written `steps_done` steps into an epoch by `written["ranks"]`
+    ranks resumes, on `now["ranks"]` ranks, at the step where the same part
+    of the epoch has been reached, rounded down: no sample is counted as
+    trained that was not, and at most one global batch (at the new size) is
+    trained again. With `kmp.shard`'s round-robin rows and `shuffle=False`
+    the samples skipped are then among those trained before the
+    interruption (see docs/reliability.md).
+
+    The part of the epoch is measured, by the first rule whose numbers both
+    layouts hold:
+
+    1. `"samples"`: global samples done, `steps_done * batch_size * ranks`
+       (`batch_size` per rank, known for array inputs), divided by the new
+       global batch;
+    2. `"fraction"`: the fraction of the epoch's steps (`steps_per_epoch`,
+       Keras's `params["steps"]`), times the new steps per epoch;
+    3. `"ranks"`: the per-rank batch size assumed unchanged,
+       `steps_done * ranks / new ranks`.
+
+    The result is at most the new steps per epoch where that is known.
+
+    Args:
+        steps_done: Steps of the epoch trained when the backup was written.
+        written: The backup's layout: `{"ranks", "steps_per_epoch",
+            "batch_size"}`, each a positive int or missing/None.
+        now: The same for the `fit` resuming.
+
+    Returns:
+        `(step, rule)`: rule `"same size"` (`steps_done` unchanged: same
+        number of ranks, or a backup that does not record it) or one of the
+        above.
+
+    Example:
+
+    >>> step_at_new_size(10, {"ranks": 3, "batch_size": 4}, {"ranks": 2, "batch_size": 4})
+    (15, 'samples')
+    >>> step_at_new_size(7, {"ranks": 2, "steps_per_epoch": 30}, {"ranks": 3, "steps_per_epoch": 20})
+    (4, 'fraction')
+    """
+    steps_done = int(steps_done)
+    if steps_done < 0:
+        raise ValueError(f"steps_done must be >= 0; received {steps_done}.")
+    old_n, new_n = _count(written, "ranks"), _count(now, "ranks")
+    if old_n is None or new_n is None or old_n == new_n:
+        return steps_done, "same size"
+    old_b, new_b = _count(written, "batch_size"), _count(now, "batch_size")
+    old_s, new_s = _count(written, "steps_per_epoch"), _count(now, "steps_per_epoch")
+    if old_b is not None and new_b is not None:
+        step, rule = (steps_done * old_b * old_n) // (new_b * new_n), "samples"
+    elif old_s is not None and new_s is not None:
+        step, rule = (steps_done * new_s) // old_s, "fraction"
+    else:
+        step, rule = (steps_done * old_n) // new_n, "ranks"
+    if new_s is not None:
+        step = min(step, new_s)
+    return step, rule
+
+
+def input_batch_size(arguments: dict) -> int | None:
+    """The per-rank batch size of a `fit` on arrays (`batch_size`, Keras's
+    default 32); None for a dataset, a `PyDataset` or a generator, which
+    batch their data themselves."""
+    x = arguments.get("x")
+    if x is None:
+        return None
+    leaves = keras.tree.flatten(x)
+    if not leaves or not all(
+        hasattr(leaf, "shape") and len(getattr(leaf, "shape", ())) >= 1
+        for leaf in leaves
+    ):
+        return None
+    return int(arguments.get("batch_size") or 32)
 
 
 class BackupOfAnotherJob(RuntimeError):
@@ -367,13 +455,20 @@ class Preemption(keras.callbacks.Callback):
 
     Listed after every other callback of the collective `fit`.
 
+    A backup written by another number of ranks resumes at the same part
+    of the interrupted epoch (`step_at_new_size`), and rank 0 says so in
+    one line.
+
     Args:
         writer: The backup to write and resume from.
+        batch_size: The per-rank batch size (`input_batch_size`), or None
+            when the input batches itself.
     """
 
-    def __init__(self, writer: SafeBackupAndRestore):
+    def __init__(self, writer: SafeBackupAndRestore, batch_size: int | None = None):
         super().__init__()
         self.writer = writer
+        self.batch_size = batch_size
         self.front = ResumedMetrics()
         self._epoch = 0
         self._steps = 0
@@ -388,27 +483,46 @@ class Preemption(keras.callbacks.Callback):
     # -- resume ----------------------------------------------------------------
 
     def on_train_begin(self, logs=None):
-        if self.writer.job is None:  # the user's BackupAndRestore: recorded only
+        users = self.writer.job is None  # the user's BackupAndRestore
+        if users:  # its writer is recorded only, never compared
             self.writer.job = job_identity(self.model)
+        self.writer.layout = {
+            "ranks": runtime.size(),
+            "steps_per_epoch": (self.params or {}).get("steps"),
+            "batch_size": self.batch_size,
+        }
+        progress.clear_resumed()
         record = self.writer.resume_point() if runtime.is_root() else None
         record = runtime.broadcast(record)
         start = keras_internals.get_initial_epoch(self.model) or 0
         if record and int(record.get("steps_done", 0)) > 0:
             if int(record.get("epoch", -1)) == start:
                 self._resume = record
+        resized = None
+        if self._resume is not None:
+            saved = int(self._resume["steps_done"])
+            steps, rule = step_at_new_size(saved, self._resume, self.writer.layout)
+            if rule != "same size":
+                resized = (saved, steps, rule)
+                self._resume = {**self._resume, "steps_done": steps}
+            progress.set_resumed(start, steps, _count(self._resume, "ranks"))
         if record and runtime.is_root():
-            steps = int(record.get("steps_done", 0)) if self._resume else 0
+            steps = int(self._resume["steps_done"]) if self._resume else 0
             # One line that cannot be missed, also for an epoch-boundary backup.
+            which = "backup" if users else "preemption backup"
             sys.stderr.write(
-                f"keras_mpfp16: RESUMING from the preemption backup in "
+                f"keras_mpfp16: RESUMING from the {which} in "
                 f"{self.writer.backup_dir}: epoch {start + 1}, step {steps} "
                 f"(written by {describe_writer(record.get('writer'))})\n"
             )
+            if resized is not None:
+                sys.stderr.write(_resized_message(start, resized, record, self))
             sys.stderr.flush()
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch, self._steps = epoch, 0
         record, self._resume = self._resume, None
+        progress.clear_resumed()  # read by the callbacks before this one
         if record is None:
             return
         steps = int(record["steps_done"])
@@ -445,6 +559,35 @@ class Preemption(keras.callbacks.Callback):
             )
             sys.stderr.flush()
         raise exc
+
+
+def _resized_message(epoch: int, resized: tuple, record: dict, stop) -> str:
+    """Rank 0's line for a resume at another number of ranks."""
+    saved, steps, rule = resized
+    old_n, new_n = record.get("ranks"), runtime.size()
+    old_s = _count(record, "steps_per_epoch")
+    new_s = _count(stop.writer.layout, "steps_per_epoch")
+    of_old = f" of {old_s}" if old_s else ""
+    of_new = f" of {new_s}" if new_s else ""
+    how = {
+        "samples": (
+            f"{saved * record['batch_size'] * old_n} global samples done, "
+            f"{steps * stop.batch_size * new_n} skipped"
+        ),
+        "fraction": f"{saved}/{old_s} of the epoch's steps",
+        "ranks": "per-rank batch size assumed unchanged",
+    }[rule]
+    fraction = (
+        f", fraction {saved / old_s:.4g} -> {steps / new_s:.4g}"
+        if (old_s and new_s)
+        else ""
+    )
+    return (
+        f"keras_mpfp16: resumed at {new_n} ranks (backup written at {old_n}): "
+        f"epoch {epoch + 1}, step {saved}{of_old} at {old_n} ranks -> step "
+        f"{steps}{of_new} at {new_n} ranks ({how}{fraction}; rounded down: at "
+        "most one global batch is trained again)\n"
+    )
 
 
 class ResumedMetrics(keras.callbacks.Callback):

@@ -101,6 +101,7 @@ class DistributedRun:
         self.check_steps = True
         self.baseline: list | None = None  # epoch-mode averaging
         self.validation_split = False  # validation data dealt over the ranks
+        self.batch_size: int | None = None  # per rank, for array inputs
         self._quiet: contextlib.ExitStack | None = None
 
     @property
@@ -133,7 +134,7 @@ class DistributedRun:
             if writer is not None:
                 # The library's own backup restores before _RunLast syncs.
                 ours[-1:-1] = [writer] if own else []
-                stop = training_preemption.Preemption(writer)
+                stop = training_preemption.Preemption(writer, self.batch_size)
                 ours.insert(len(timelines) + 1, stop.front)  # after _RunFirst
                 ours.append(stop)
         if self.training and wire_auto.wanted(self.model):
@@ -265,6 +266,7 @@ def fit_run(arguments: dict) -> Iterator[dict]:
     # the validation split: the model is built from the training part, as
     # Keras's fit builds it.
     replica.build_before_fit(model, arguments)
+    run.batch_size = training_preemption.input_batch_size(arguments)
     arguments["callbacks"] = run.callbacks(arguments.get("callbacks"))
     run.reduction.set_active(True)
     try:

@@ -53,20 +53,35 @@ GRACE = 5.0  # seconds the launcher may take to end by itself after a verdict
 _MPI_LAUNCHERS = ("mpirun", "mpiexec", "prterun", "orterun")
 
 
-def report_lost(message: str) -> None:
+def report_lost(message: str, replace: bool = True) -> None:
     """From a rank: records that a rank or node is lost, for the wrapper.
 
     Does nothing when not run under the wrapper or when the wrapper's
     directory is not visible from this node (another machine).
+
+    Args:
+        message: the verdict (its first line names the lost hosts).
+        replace: whether to replace a verdict already written. Rank 0's
+            verdict (which names the lost hosts) replaces any other; a
+            cut-off rank's (`rank 0 ... is unreachable from rank 2 ...`,
+            written when its node shares the wrapper's filesystem) is
+            written only when there is none yet, so the wrapper never drops
+            rank 0's naming of the lost host for it.
     """
     path = env.get("LAUNCH_VERDICT") or ""
     if not path or not os.path.isdir(os.path.dirname(path)):
         return
+    tmp = f"{path}.{os.getpid()}"
     try:
-        tmp = f"{path}.{os.getpid()}"
         with open(tmp, "w") as f:
             f.write(message)
-        os.replace(tmp, path)
+        if replace:
+            os.replace(tmp, path)
+        else:
+            try:
+                os.link(tmp, path)  # fails if a verdict exists: keep that one
+            finally:
+                os.unlink(tmp)
     except OSError:
         pass  # the rank is ending anyway; the launcher's status is the fallback
 

@@ -471,7 +471,7 @@ class Inspector:
             )
             recorder.flush()
         if lost:  # the launcher may never end by itself: tell the wrapper
-            report_lost(f"{head}: {message}")
+            report_lost(f"{head}: {message}", replace=not local_only)
             # ... and end a plain mpirun waiting for the lost node's daemon.
             launcher_daemon.end_later(
                 env.get("END_LAUNCHER_AFTER"), self.where(self.rank)
