@@ -238,7 +238,7 @@ def test_restart_recipe_relaunches_a_killed_rank_and_requeues_when_preempted(
     # In between, only in the requeued allocation: a job step ended by a
     # stray signal. Slurm 22.05 here sometimes signals a requeued job's
     # first job step some seconds after it starts (the node daemon still
-    # ending the job's previous run, it seems): seen in 4 of 8 runs, and the
+    # ending the job's previous run, it seems): seen in 3 of 7 runs, and the
     # recipe relaunches it, as it should.
     assert all(a == "1" and st in ("137", "143", "69") for _, a, st in steps[2:-1]), why
     assert log.count(f"kmp: requeueing job {job_id} (status 75)") == 1, why
