@@ -107,12 +107,39 @@ def test_a_float16_decision_retraces_the_step_and_shows_in_the_timeline(np_, tmp
     said = [e for e in events if e["name"] == "wire auto: float16"]
     assert len(said) == np_ and said[0]["ph"] == "i"
     assert "float16 is faster" in said[0]["args"]["reason"]
+    assert "float16 confirmed" in said[0]["args"]["reason"]
+    steps = recs[0]["decision"]["step_seconds"]
+    assert steps["float16"] < steps["float32"]
     # Reductions before the decision ran float32, after it float16.
     buckets = [
         e for e in events if e.get("pid") == 0 and e["name"].startswith("bucket")
     ]
     wires = [e["args"]["wire_dtype"] for e in sorted(buckets, key=lambda e: e["ts"])]
     assert wires[0] == "float32" and wires[-1] == "float16"
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_whole_steps_overrule_the_reductions(np_, tmp_path):
+    # The reductions favour float16; whole train steps (injected, different
+    # on every rank) favour float32: one float32 decision everywhere, after
+    # float16 steps ran in the trial.
+    recs, res = _run(np_, "steps32", tmp_path)
+    assert {r["effective"] for r in recs} == {"float32"}
+    d = recs[0]["decision"]
+    assert all(r["decision"] == d for r in recs)
+    assert d["wire_dtype"] == "float32"
+    assert d["seconds"]["float16"] < d["seconds"]["float32"]  # the reductions
+    # The slowest rank's step times: float32 0.010 + 0.001 (N-1) s.
+    assert d["step_seconds"]["float32"] == pytest.approx(0.010 + 0.001 * (np_ - 1))
+    assert "the whole step decides" in d["reason"]
+    assert len({r["weights_bytes"] for r in recs}) == 1
+    assert res.stderr.count("wire_dtype='auto' chose float32") == 1
+    events = _trace(tmp_path)
+    buckets = [
+        e for e in events if e.get("pid") == 0 and e["name"].startswith("bucket")
+    ]
+    wires = [e["args"]["wire_dtype"] for e in sorted(buckets, key=lambda e: e["ts"])]
+    assert "float16" in wires and wires[0] == wires[-1] == "float32"
 
 
 def test_pinned_wire_is_used_without_measuring(tmp_path):

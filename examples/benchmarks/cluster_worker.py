@@ -87,6 +87,7 @@ class Training:
         self.x, self.y, self.steps = x, y, steps
         net, opt, self.batch = build(keras, model)
         self.sparse = None
+        wire = None
         if config != "compute":
             wire, bucket = "float32", BUCKET_MB
             if config in WIRES:
@@ -109,9 +110,16 @@ class Training:
         self.net = net
         self.opt = opt
         self.params = int(sum(np.prod(w.shape) for w in net.trainable_weights))
-        self.run(2)  # trace and warm up
+        if wire == "auto":
+            # auto decides in the warm-up: the reductions after step 1, then
+            # (when they favour float16) 5 whole steps per wire, steps at an
+            # epoch start or after a re-trace not counted: 3 epochs suffice.
+            self.run(steps, epochs=3)
+        else:
+            self.run(2)  # trace and warm up
 
-    def run(self, steps):
+    def run(self, steps, epochs=1):
+        steps = min(steps, len(self.x) // self.batch)
         if self.sparse is not None:
             os.environ[SPARSE_ENV] = self.sparse  # read when the step is traced
         # Every step traced, in memory (no file), on this rank's own clock
@@ -127,7 +135,7 @@ class Training:
                 self.x[:n],
                 self.y[:n],
                 batch_size=self.batch,
-                epochs=1,
+                epochs=epochs,
                 shuffle=False,
                 verbose=0,
                 callbacks=[timer],

@@ -458,6 +458,12 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         self._refs.wire_decision = decision
         return decision
 
+    def set_wire_decision(self, decision: wire_tuner.Decision) -> None:
+        """Applies `decision` (`wire_dtype="auto"`): the wire of the next
+        trace of the train step. The caller re-traces; every rank must set
+        the same decision (`wire_tuner.agree`/`confirm` return rank 0's)."""
+        self._refs.wire_decision = decision
+
     def _train_step(self):
         """Update steps so far, applied or skipped (0-based, like `iterations`)."""
         return ops.add(

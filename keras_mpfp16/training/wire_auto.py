@@ -28,31 +28,66 @@ def wanted(model) -> bool:
 
 
 class WireAuto(keras.callbacks.Callback):
-    """Decides `wire_dtype="auto"` after the first step, again on a drift."""
+    """Decides `wire_dtype="auto"` after the first step, again on a drift.
+
+    When the reductions favour float16, the decision waits for whole train
+    steps timed on both wires (`wire_tuner.confirm`): `TRIAL_STEPS` steps on
+    float32, then, re-traced, `TRIAL_STEPS` on float16. A step whose time
+    includes a trace or an epoch boundary (validation) is not counted. A
+    `fit` that ends before the trial does keeps the reductions' choice.
+    """
 
     def __init__(self):
         super().__init__()
         self.watch = wire_tuner.DriftWatch()
         self._last = None
+        self._traced = None  # the wire the train step was traced with
+        self._trial = None  # timing whole steps: see _start_trial
         self.decisions: list[wire_tuner.Decision] = []
 
     def on_train_begin(self, logs=None):
         self.watch.reset()
         self._last = None
+        self._trial = None
+        self._traced = self.model.optimizer.effective_wire_dtype
+
+    def on_train_end(self, logs=None):
+        if self._trial is not None:  # too few steps to time both wires
+            t, self._trial = self._trial, None
+            candidate = t["candidate"]
+            self._apply(
+                wire_tuner.Decision(
+                    candidate.wire_dtype,
+                    f"{candidate.reason}; fit ended before whole steps were "
+                    "timed on both wires",
+                    candidate.seconds,
+                    candidate.buckets,
+                ),
+                t["when"],
+                t["before"],
+            )
+
+    def on_epoch_begin(self, epoch, logs=None):
+        # The time between the last step of an epoch and the first of the
+        # next holds validation and the epoch's callbacks: not a step.
+        self._last = None
 
     def on_train_batch_end(self, batch, logs=None):
         now = time.perf_counter()
+        took = None if self._last is None else now - self._last
         opt = self.model.optimizer
         if opt.wire_decision is None:
             self._decide("after the first train step")
-        elif self._last is not None and self.watch.step(now - self._last):
+        elif self._trial is not None:
+            self._trial_step(took)
+        elif took is not None and self.watch.step(took):
             self._decide("the step time drifted")
             self.watch.reset()
         self._last = time.perf_counter()
 
     def _decide(self, when: str) -> None:
         opt = self.model.optimizer
-        before = opt.effective_wire_dtype
+        before = self._traced
         recorder = trace.active()
         if recorder is None:
             decision = opt.tune_wire()
@@ -61,10 +96,61 @@ class WireAuto(keras.callbacks.Callback):
                 decision = opt.tune_wire()
         if decision is None:
             return
+        if wire_tuner.needs_steps(decision):
+            self._start_trial(decision, when, before)
+        else:
+            self._apply(decision, when, before)
+
+    # -- whole steps on both wires -------------------------------------------
+
+    def _start_trial(self, candidate, when, before) -> None:
+        self._trial = {
+            "candidate": candidate,
+            "when": when,
+            "before": before,
+            "wire": "float32",
+            "skip": 0,
+            "times": {w: [] for w in wire_tuner.CANDIDATES},
+        }
+        self._switch("float32", f"timing {wire_tuner.TRIAL_STEPS} float32 steps")
+
+    def _switch(self, wire: str, why: str) -> None:
+        opt = self.model.optimizer
+        opt.set_wire_decision(wire_tuner.Decision(wire, f"wire auto trial: {why}"))
+        if self._retrace(wire):
+            self._trial["skip"] = 1  # the next step's time holds the trace
+
+    def _trial_step(self, took) -> None:
+        t = self._trial
+        if took is None or t["skip"]:
+            t["skip"] = max(0, t["skip"] - 1)
+            return
+        t["times"][t["wire"]].append(took)
+        if len(t["times"][t["wire"]]) < wire_tuner.TRIAL_STEPS:
+            return
+        if t["wire"] == "float32":
+            t["wire"] = "float16"
+            self._switch("float16", f"timing {wire_tuner.TRIAL_STEPS} float16 steps")
+            return
+        self._trial = None
+        decision = wire_tuner.confirm(t["candidate"], t["times"])
+        self._apply(decision, t["when"], t["before"])
+
+    # -- the decision ----------------------------------------------------------
+
+    def _retrace(self, wire: str) -> bool:
+        """Re-traces the train step when it runs another wire than `wire`."""
+        if wire == self._traced:
+            return False
+        self.model.make_train_function(force=True)
+        self._traced = wire
+        return True
+
+    def _apply(self, decision, when: str, before: str) -> None:
+        self.model.optimizer.set_wire_decision(decision)
         self.decisions.append(decision)
-        if decision.wire_dtype != before:
-            # The step was traced with the old wire: trace it again.
-            self.model.make_train_function(force=True)
+        self._retrace(decision.wire_dtype)
+        recorder = trace.active()
         if recorder is not None:
             recorder.instant(
                 f"wire auto: {decision.wire_dtype}",

@@ -7,7 +7,11 @@ MODE:
           as fast as float32, the last rank measures it twice as slow; the
           slowest rank sets the pace, so every rank must apply float32.
   f16     injected timings, different numbers on every rank, all favouring
-          float16: every rank switches to float16 (the step is re-traced).
+          float16, for the reductions and for whole steps: every rank
+          switches to float16 (the step is re-traced).
+  steps32 the reductions favour float16 (as in f16) but whole train steps
+          favour float32 (injected, different on every rank): the trial
+          runs float16 steps, then every rank returns to float32.
   pin     KERAS_MPFP16_WIRE_AUTO pins the wire (set by the test): the hook
           raises if anything measures.
   real    no injection: the backend's probe times both wires.
@@ -50,8 +54,18 @@ def injected(distinct):
     return {s: {w: [t * s * 1e-6 for t in v] for w, v in per.items()} for s in distinct}
 
 
+def injected_steps(wire, seconds):
+    # Rank-dependent numbers; the slowest rank decides.
+    fast = [0.010 + 0.001 * rank] * len(seconds)
+    slow = [0.020 + 0.002 * rank] * len(seconds)
+    if mode == "steps32":
+        return fast if wire == "float32" else slow
+    return fast if wire == "float16" else slow
+
+
 if mode != "real":
     wire_tuner.timings_hook = injected
+    wire_tuner.step_times_hook = injected_steps
 
 keras.utils.set_random_seed(1)
 rng = np.random.default_rng(0)

@@ -17,7 +17,17 @@ this job's links and picks:
    `Decision`; every rank applies rank 0's, so the reduction graph and its
    numerics are identical on every rank by construction, whatever each rank
    measured.
-4. Every `CHECK_EVERY` steps rank 0 compares the recent median step time
+4. When the reductions favour float16, whole train steps decide: the next
+   `TRIAL_STEPS` steps run on the float32 wire, then (the step re-traced,
+   one step not counted for the trace) `TRIAL_STEPS` on the float16 wire;
+   rank 0 takes each wire's slowest-rank median step time and keeps
+   float16 only when it is faster by more than `MARGIN` (`confirm`), else
+   the step is re-traced on float32. The reductions alone do not see what
+   the codec costs the step around them (on one core per rank the encoding
+   competes with the backward pass it overlaps): on 2 emulated nodes at
+   10 Gbit/s they favoured float16 while float32 stepped faster in 2 of 3
+   rounds (docs/benchmarks.md).
+5. Every `CHECK_EVERY` steps rank 0 compares the recent median step time
    with the one measured just after the decision; a drift beyond `DRIFT`
    (either way) triggers one new measurement and decision (broadcast the
    same way).
@@ -48,6 +58,7 @@ PIN_SETTING = "KERAS_MPFP16_WIRE_AUTO"  # registered in _settings.py
 CANDIDATES = ("float32", "float16")
 PAIRS = 3  # interleaved (float32, float16) timings per bucket size
 MARGIN = 0.02  # float16 must beat float32 by more than this (relative)
+TRIAL_STEPS = 5  # timed train steps per wire when the reductions favour float16
 DRIFT = 0.25  # relative change of the median step time that re-measures
 CHECK_EVERY = 50  # steps between drift checks (one tiny broadcast each)
 
@@ -55,6 +66,9 @@ CHECK_EVERY = 50  # steps between drift checks (one tiny broadcast each)
 # Test seam: when set, `agree` uses `timings_hook(sizes)` as this rank's
 # measurement instead of the backend's probe (tests inject per-rank times).
 timings_hook = None
+# Test seam: when set, `confirm` uses `step_times_hook(wire, seconds)` as this
+# rank's step times on that wire instead of the measured `seconds`.
+step_times_hook = None
 
 
 @dataclass(frozen=True)
@@ -69,12 +83,16 @@ class Decision:
             empty when nothing was measured.
         buckets: per distinct bucket size: `{"elements", "count", <wire>:
             seconds}` (the slowest rank's median).
+        step_seconds: per candidate wire, the train step's time on it (the
+            slowest rank's median of `TRIAL_STEPS` steps), when whole steps
+            were timed (the reductions favoured float16); else empty.
     """
 
     wire_dtype: str
     reason: str
     seconds: dict = field(default_factory=dict)
     buckets: tuple = ()
+    step_seconds: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -82,6 +100,7 @@ class Decision:
             "reason": self.reason,
             "seconds": dict(self.seconds),
             "buckets": [dict(b) for b in self.buckets],
+            "step_seconds": dict(self.step_seconds),
         }
 
 
@@ -157,6 +176,50 @@ def agree(sizes: list[int], measure) -> Decision:
     timings = (timings_hook or measure)(distinct)
     everyone = collectives.allgather_object(timings, "wire auto (timings)")
     decision = decide(everyone, sizes) if world.rank() == 0 else None
+    return collectives.broadcast(decision)
+
+
+def needs_steps(decision: Decision) -> bool:
+    """Whether whole train steps must confirm `decision`: a measured
+    float16 (a pin, or float32 chosen by the reductions, stands)."""
+    return decision.wire_dtype == "float16" and bool(decision.seconds)
+
+
+def confirm(candidate: Decision, step_times: dict[str, list[float]]) -> Decision:
+    """The decision after timing whole train steps on both wires.
+
+    Collective: every rank calls it at the same step.
+
+    Args:
+        candidate: the reductions' decision (float16).
+        step_times: this rank's train-step times, `{wire: [seconds, ...]}`
+            for float32 and float16 (`step_times_hook` replaces them when set).
+
+    Returns:
+        rank 0's `Decision` on every rank: float16 when its slowest-rank
+        median step is faster than float32's by more than `MARGIN`, else
+        float32; the reductions' numbers are kept beside the steps'.
+    """
+    if step_times_hook is not None:
+        step_times = {w: step_times_hook(w, list(t)) for w, t in step_times.items()}
+    mine = {w: statistics.median(step_times[w]) for w in CANDIDATES}
+    everyone = collectives.allgather_object(mine, "wire auto (step times)")
+    decision = None
+    if world.rank() == 0:
+        slowest = {w: max(r[w] for r in everyone) for w in CANDIDATES}
+        f32, f16 = slowest["float32"], slowest["float16"]
+        wire = "float16" if f16 < f32 * (1.0 - MARGIN) else "float32"
+        verdict = (
+            "float16 confirmed"
+            if wire == "float16"
+            else "float32 instead: the whole step decides, not the reduction alone"
+        )
+        reason = (
+            f"{candidate.reason}; then timed whole train steps ({TRIAL_STEPS} "
+            f"per wire, median, slowest of {len(everyone)} ranks): float32 "
+            f"{f32 * 1e3:.1f} ms, float16 {f16 * 1e3:.1f} ms: {verdict}"
+        )
+        decision = Decision(wire, reason, candidate.seconds, candidate.buckets, slowest)
     return collectives.broadcast(decision)
 
 
