@@ -129,7 +129,9 @@ def test_sigkilled_rank_restarts_at_the_same_size_and_ends_identically(tmp_path)
     for r in recs:
         assert r["epochs_run"] == [1, 2], r
         assert r["first_step"] == recs[0]["first_step"], r
-        assert 10 <= r["first_step"] <= 13, r
+        # The step-10 backup or a later one of epoch 2 (a due backup is taken
+        # late while a write runs; the kill comes when one is on disk).
+        assert 10 <= r["first_step"] < 20, r
         assert r["digest"] == want["digest"], (r["digest"], want["digest"])
         assert r["iterations"] == want["iterations"]
         for key, values in r["history"].items():

@@ -16,10 +16,12 @@ background, a rank 0 killed in the middle of one, and the resume.
 - MODE `resume`: the same script run normally again (resumes from the
   backup the kill left).
 - MODE `sigkill`: the last rank, on the first launch only (no
-  `DIR/killed` marker yet), waits at epoch 2 step 13 until rank 0's
-  step-10 backup is on disk, writes the marker and SIGKILLs itself; run
-  under `python -m keras_mpfp16.runtime.launch --max-restarts 1`, the
-  relaunch resumes from that backup.
+  `DIR/killed` marker yet), from epoch 2 step 13 on, at the first step end
+  that finds a backup of epoch 2 step 10 or later on disk, writes the
+  marker and SIGKILLs itself (it never waits for the backup, as in `slurm`
+  mode; every rank sleeps 50 ms a step from epoch 2 step 6 on so the writes
+  keep up); run under `python -m keras_mpfp16.runtime.launch
+  --max-restarts 1`, the relaunch resumes from that backup.
 - MODE `slurm`: under the restart recipe examples/slurm/train_restart.sbatch
   (tests/test_slurm.py). Launch 1 (no `DIR/killed`): the last rank, from
   epoch 2 step 13 on, at the first step end that finds a backup of epoch 2
@@ -150,13 +152,8 @@ class Steps(keras.callbacks.Callback):
         Steps.at = (Steps.epochs[-1], batch)
 
     def on_train_batch_end(self, batch, logs=None):
-        if mode == "sigkill" and rank == n - 1 and Steps.at == KILL_AT:
-            marker = os.path.join(out_dir, "killed")
-            if not os.path.exists(marker):
-                wait_for_backup(1, 10)
-                with open(marker, "w") as f:
-                    f.write("1")
-                os.kill(os.getpid(), signal.SIGKILL)
+        if mode == "sigkill":
+            self.sigkill_fault()
         if mode == "slurm":
             self.slurm_faults()
         if mode == "full" and rank == 0:  # the state at every step, for the test
@@ -191,6 +188,22 @@ class Steps(keras.callbacks.Callback):
                 ),
                 flush=True,
             )
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def sigkill_fault(self):
+        # As in `slurm` mode: never wait for the backup at a step end (rank 0
+        # takes a deferred snapshot only at a step end, which it would not
+        # reach while this rank waited); slow the steps a little instead so
+        # the writes keep up, and kill at the first step end from KILL_AT on
+        # that finds the step-10 backup (or a later one) on disk.
+        marker = os.path.join(out_dir, "killed")
+        if os.path.exists(marker):
+            return
+        if Steps.at >= (1, 5):
+            time.sleep(0.05)
+        if rank == n - 1 and Steps.at >= KILL_AT and backup_on_disk((1, 10)):
+            with open(marker, "w") as f:
+                f.write("1")
             os.kill(os.getpid(), signal.SIGKILL)
 
     def slurm_faults(self):
@@ -228,21 +241,6 @@ def backup_on_disk(at_least):
         return (done["epoch"], done["steps_done"]) >= at_least
     except (OSError, ValueError, KeyError):
         return False
-
-
-def wait_for_backup(epoch, steps_done):
-    """Until rank 0's backup of (epoch, >= steps_done) is on disk (120 s)."""
-    meta = os.path.join(backup_dir, "training_metadata.json")
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            with open(meta) as f:
-                done = json.load(f)["keras_mpfp16"]
-            if done["epoch"] == epoch and done["steps_done"] >= steps_done:
-                break
-        except (OSError, ValueError, KeyError):
-            pass
-        time.sleep(0.1)
 
 
 backup_dir = os.path.join(out_dir, "backup")
