@@ -359,6 +359,21 @@ register(
     "`wire_dtype`.",
 )
 register(
+    "WIRE_SCHEDULE",
+    "choice",
+    "alltoall",
+    choices=("alltoall", "ring"),
+    read="when the train step is traced (numpy callers: per call)",
+    doc="How the 16-bit wires bring the rows to each owner's float32 sum. "
+    "`alltoall`: one `Alltoall`; every input is rounded to 16 bits once. "
+    "`ring`: from 3 ranks on, rows of at least 1 MiB go around a ring "
+    "(N-1 `Sendrecv` steps, each rank adding its row to the running sum in "
+    "float32 and passing the sum on in 16 bits): neighbours only, 0.92x the "
+    "reduction time on 4 emulated nodes at 1 Gbit/s, at the price of N-2 "
+    "more 16-bit roundings of partial sums. Must be the same on every rank. "
+    "See [Benchmarks](benchmarks.md#four-emulated-nodes-what-bounds-the-16-bit-wire).",
+)
+register(
     "SPARSE_GRADIENTS",
     "choice",
     "auto",

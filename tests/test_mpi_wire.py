@@ -52,6 +52,25 @@ def test_in_step_reduction_wires_paths_step_check_and_call_counts(np_):
         assert r["cupy_imported"] is False  # DLPack straight into mpi4py
         for wire in WIRES:
             assert r[f"paths_bitwise_equal_{wire}"], wire
+        for path in ("host", "dlpack"):
+            for wire in ("float16", "bfloat16"):
+                # Ring allgather: same bytes as MPI's Allgather; it ran at 3+.
+                assert r[f"ring_equal_{path}_{wire}"], (path, wire)
+                sendrecv = r[f"ring_sendrecv_{path}_{wire}"]
+                assert (sendrecv > 0) if np_ >= 3 else (sendrecv == 0), (path, wire)
+                # Ring reduce-scatter: agreement, accuracy, the numpy codec's bits.
+                key, tol = f"rs_{path}_{wire}", TOL[wire]
+                assert r[f"{key}_finite"] and r[f"{key}_identical"], key
+                assert r[f"{key}_rel_err"] < tol, (key, r[f"{key}_rel_err"])
+                for label in ("tiny", "huge"):
+                    assert r[f"{key}_{label}_max_rel_err"] < tol, (key, label)
+                assert r[f"{key}_sparse_rel_err"] < 1e-6, key
+                assert r[f"{key}_alltoall_numpy_equal"], key
+                assert r[f"{key}_ring_numpy_equal"], key
+                if np_ >= 3:  # the ring ran: no Alltoall, N Sendrecv per bucket
+                    assert r[f"{key}_sendrecv"] > 0 and r[f"{key}_alltoall"] == 0, key
+                else:  # 2 ranks: the Alltoall (the same numbers)
+                    assert r[f"{key}_sendrecv"] == 0 and r[f"{key}_alltoall"] > 0, key
             steps = ", ".join(
                 f"rank {i}: train step {11 if i == 1 else 10}" for i in range(np_)
             )

@@ -4,8 +4,9 @@ Per train step, for a list of gradients:
 
 * dense gradients are fused into buckets (planned from the variables'
   shapes, last layers first: `backend/buckets.py`) and each bucket is
-  reduced with one MPI call (float32 wire) or one Alltoall + one Allgather
-  (16-bit wires, encoded and decoded in the graph: `tf_wire.py`);
+  reduced with one MPI call (float32 wire) or one Alltoall (or, for large
+  rows at 3+ ranks, a ring of Sendrecv steps: `runtime/mpi/ring.py`) + one
+  Allgather (16-bit wires, encoded and decoded in the graph: `tf_wire.py`);
 * the first bucket also carries every rank's (epoch, train step) and the row
   counts of the sparse gradients, so the step check and the sparse/dense
   decision cost no MPI call of their own (`tf_steps.py`);
@@ -56,7 +57,7 @@ from keras_mpfp16.backend.tf_steps import (
 )
 from keras_mpfp16.backend.tf_wire import decode_rows, encode_rows, owner_sum
 from keras_mpfp16.runtime import trace
-from keras_mpfp16.runtime.mpi import collectives, cuda, wire, world
+from keras_mpfp16.runtime.mpi import collectives, cuda, ring, wire, world
 
 _H = wire.HEADER_WORDS
 
@@ -149,10 +150,42 @@ def _float32_device(label: str, first: bool, length: int):
 
 
 def _lowp(
-    label: str, wire_dtype: str, slot_words: int, device_buffers: bool, length: int
+    label: str,
+    wire_dtype: str,
+    slot_words: int,
+    device_buffers: bool,
+    length: int,
+    schedule: str = "alltoall",
 ):
-    """py_function body: the 16-bit wire (Alltoall, owner's sum, Allgather)."""
-    n = world.size()
+    """py_function body: the 16-bit wire (the owner's sum by `Alltoall` or
+    around the ring, as `schedule` says; then an Allgather)."""
+    n, r = world.size(), world.rank()
+    k = slot_words
+
+    def strip_slots(rows):
+        return tf.concat([rows[:, :_H], rows[:, _H + k :]], 1) if k else rows
+
+    def ring_owner_row(words, name):
+        # Every rank's row j, summed around the ring in float32 by the same
+        # owner_sum the Alltoall path uses (2 rows: commutative, exact order).
+        def own_row(j):
+            return strip_slots(words[j : j + 1])
+
+        def add(got, j):
+            return owner_sum(tf.concat([got, own_row(j)], 0), wire_dtype, 0)
+
+        def buffer(row):
+            sync_device(row)
+            return dlpack_buffer(row)
+
+        width = int(words.shape[1]) - k
+        return collectives.ring_reduce_scatter(
+            own_row,
+            add,
+            lambda: empty_like_device([1, width], tf.uint16, words),
+            buffer,
+            f"{name} (ring)",
+        )
 
     def reduce(words, step):
         name = f"{label}, train step {int(step)}"
@@ -160,21 +193,39 @@ def _lowp(
         if staged:
             with tf.device("/CPU:0"):
                 words = tf.identity(words)
-        recv = empty_like_device(tf.shape(words), tf.uint16, words)
-        sync_device(words)
-        collectives.alltoall_into(
-            dlpack_buffer(words), dlpack_buffer(recv), f"{name} (alltoall)"
-        )
         outputs = []
-        if slot_words:
-            table = wire.slots_from_words(recv[:, _H : _H + slot_words].numpy())
-            check_step_table(table, label)
-            outputs.append(tf.constant(table, tf.int64))
         with tf.device(words.device):
-            mine = owner_sum(recv, wire_dtype, slot_words)
+            if schedule == "ring":
+                mine = ring_owner_row(words, name)
+                if k:  # the slots ride in the allgather instead
+                    mine = tf.concat(
+                        [mine[:, :_H], words[r : r + 1, _H : _H + k], mine[:, _H:]], 1
+                    )
+            else:
+                recv = empty_like_device(tf.shape(words), tf.uint16, words)
+                sync_device(words)
+                collectives.alltoall_into(
+                    dlpack_buffer(words), dlpack_buffer(recv), f"{name} (alltoall)"
+                )
+                if k:
+                    table = wire.slots_from_words(recv[:, _H : _H + k].numpy())
+                    check_step_table(table, label)
+                    outputs.append(tf.constant(table, tf.int64))
+                mine = owner_sum(recv, wire_dtype, k)
         gathered = empty_like_device([n, mine.shape[1]], tf.uint16, words)
         sync_device(mine)
-        collectives.allgather_into(dlpack_buffer(mine), dlpack_buffer(gathered), name)
+        collectives.allgather_into(
+            dlpack_buffer(mine),
+            dlpack_buffer(gathered),
+            name,
+            block_bytes=int(mine.shape[1]) * 2,  # uint16 words
+        )
+        if schedule == "ring" and k:
+            table = wire.slots_from_words(gathered[:, _H : _H + k].numpy())
+            check_step_table(table, label)
+            outputs.append(tf.constant(table, tf.int64))
+            with tf.device(words.device):
+                gathered = strip_slots(gathered)
         kind = "staged" if staged else ("device" if on_gpu(words) else "host")
         cuda.path_counts[kind] += 1
         cuda.path_counts["dlpack"] += 1
@@ -255,9 +306,10 @@ def _reduce_lowp(
         tf.reshape(flat, [n, chunk]), wire_dtype, flag=False, slots=slots
     )
     k = 0 if slots is None else int(slots.shape[0])
+    schedule = ring.reduce_scatter_schedule(n, (_H + chunk) * 2)
     outs = ordered(
         lambda: tf.py_function(
-            _lowp(label, wire_dtype, k, device, length),
+            _lowp(label, wire_dtype, k, device, length, schedule),
             [words, step],
             [tf.uint16, tf.int64] if first else [tf.uint16],
         )

@@ -63,6 +63,35 @@ for wire in ("float32", "float16", "bfloat16"):
         got_v = runtime.allreduce_flat(vals, op="average", wire_dtype=wire)
         out[f"wire_{wire}_{label}_rel_err"] = float(np.max(np.abs(got_v - want) / want))
 
+# The ring allgather (runtime/mpi/ring.py) against MPI's Allgather: the same
+# bytes, for an odd block size; and the 16-bit numpy wire on rows large enough
+# for the ring by default equals the same reduction with the ring turned off.
+from keras_mpfp16.runtime.mpi import collectives, ring, world  # noqa: E402
+
+block = np.random.default_rng(7 + rank).integers(0, 255, size=1001, dtype=np.uint8)
+via_ring = np.empty((n, 1001), np.uint8)
+collectives.allgather_into(block, via_ring, "test", block_bytes=1001, ring_min_bytes=0)
+via_mpi = np.empty_like(via_ring)
+world.world().comm.Allgather(block, via_mpi)
+out["ring_allgather_equal"] = bool(np.array_equal(via_ring, via_mpi))
+# Rows over RING_MIN_BYTES: at 3+ ranks the allgather goes around the ring,
+# and with WIRE_SCHEDULE=ring the owner's sum too. Both within the float16
+# wire's tolerance of the truth.
+import keras_mpfp16.config as kmp_config  # noqa: E402
+
+big = rng.normal(size=n * (ring.RING_MIN_BYTES // 2 + 5)).astype(np.float32)
+big_truth = runtime.allreduce(big.astype(np.float64), op="sum")
+for schedule in ("ring", "alltoall"):
+    kmp_config.set("WIRE_SCHEDULE", schedule)
+    got = runtime.allreduce_flat(big, op="sum", wire_dtype="float16")
+    out[f"big_{schedule}_rel_err"] = float(
+        np.linalg.norm(got - big_truth) / np.linalg.norm(big_truth)
+    )
+    out[f"big_{schedule}_crc"] = int(np.frombuffer(got.tobytes(), np.uint32).sum())
+kmp_config.set("WIRE_SCHEDULE", "ring")
+out["ring_wire_used"] = ring.reduce_scatter_schedule(n, (len(big) // n + 2) * 2)
+kmp_config.set("WIRE_SCHEDULE", "alltoall")
+
 try:
     runtime.allreduce(x, op="median")
 except ValueError as e:

@@ -28,7 +28,7 @@ from keras_mpfp16 import runtime  # noqa: E402
 from keras_mpfp16.backend import tf_gradients as tg  # noqa: E402
 from keras_mpfp16.backend import tf_path  # noqa: E402
 from keras_mpfp16.runtime import progress  # noqa: E402
-from keras_mpfp16.runtime.mpi import cuda  # noqa: E402
+from keras_mpfp16.runtime.mpi import cuda, ring  # noqa: E402
 
 runtime.init()
 rank, n = runtime.rank(), runtime.size()
@@ -153,6 +153,56 @@ for wire in WIRES:
         np.array_equal(a, b)
         for a, b in zip(results[("host", wire)], results[("dlpack", wire)])
     )
+
+# The ring allgather (runtime/mpi/ring.py, used for large rows at 3+ ranks)
+# moves the same bytes as MPI's Allgather: the 16-bit reductions again with
+# every allgather forced around the ring (and the owner's sum kept on the
+# Alltoall) must equal the results above bit for bit, on both buffer paths.
+# The Sendrecv count shows the ring ran (none at 2 ranks, where an allgather
+# is one exchange).
+#
+# Then the ring reduce-scatter (WIRE_SCHEDULE=ring): every rank identical,
+# within the wire's tolerance of the float64 truth (tiny and huge values
+# included), and bit for bit what the numpy codec's ring gives for the same
+# vector (one bucket: the same rows on both sides).
+saved_ring_min = ring.RING_MIN_BYTES
+ring.RING_MIN_BYTES = 0
+one_vector = np.concatenate([g.reshape(-1) for g in grads] + [tiny, huge])
+for path in ("host", "dlpack"):
+    os.environ[cuda.ENV_OVERRIDE] = "1" if path == "dlpack" else "0"
+    tf_path._reset_reduction_path()
+    for wire in ("float16", "bfloat16"):
+        kmp.config.set("WIRE_SCHEDULE", "alltoall")
+        with counting() as ring_calls:
+            got, _ = reduce([*grads, tiny, huge, emb], wire, bucket_bytes=2100)
+        out[f"ring_equal_{path}_{wire}"] = all(
+            np.array_equal(a, b) for a, b in zip(got, results[(path, wire)])
+        )
+        out[f"ring_sendrecv_{path}_{wire}"] = gradient_calls(ring_calls).get(
+            "Sendrecv", 0
+        )
+        key = f"rs_{path}_{wire}"
+        for schedule in ("alltoall", "ring"):
+            kmp.config.set("WIRE_SCHEDULE", schedule)
+            with counting() as rs_calls:
+                got, finite = reduce([*grads, tiny, huge, emb], wire, bucket_bytes=2100)
+            (one_tf,), _ = reduce([one_vector], wire, bucket_bytes=2**24)
+            one_np = runtime.allreduce_flat(one_vector, op="sum", wire_dtype=wire)
+            out[f"{key}_{schedule}_numpy_equal"] = bool(np.array_equal(one_tf, one_np))
+        out[f"{key}_sendrecv"] = gradient_calls(rs_calls).get("Sendrecv", 0)
+        out[f"{key}_alltoall"] = gradient_calls(rs_calls).get("Alltoall", 0)
+        out[f"{key}_finite"] = finite
+        out[f"{key}_identical"] = same_on_all_ranks(got)
+        out[f"{key}_rel_err"] = rel_err(got[:4], truth)
+        out[f"{key}_tiny_max_rel_err"] = float(
+            np.max(np.abs(got[4] - tiny_truth) / tiny_truth)
+        )
+        out[f"{key}_huge_max_rel_err"] = float(
+            np.max(np.abs(got[5] - huge_truth) / huge_truth)
+        )
+        out[f"{key}_sparse_rel_err"] = rel_err(got[6:], [emb_truth])
+        kmp.config.set("WIRE_SCHEDULE", "alltoall")
+ring.RING_MIN_BYTES = saved_ring_min
 
 # -- the step check, folded into the first bucket ------------------------------------------
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from keras_mpfp16 import _validate
-from keras_mpfp16.runtime.mpi import cuda, observers
+from keras_mpfp16.runtime.mpi import cuda, observers, ring
 from keras_mpfp16.runtime.mpi import world as world_module
 from keras_mpfp16.runtime.mpi.wire import lowp_allreduce_sum, validate_wire_dtype
 from keras_mpfp16.runtime.mpi.world import world
@@ -174,10 +174,30 @@ def alltoall_into(send, recv, name: str) -> None:
         world().comm.Alltoall(send, recv)
 
 
-def allgather_into(send, recv, name: str) -> None:
-    """`recv` = every rank's `send` (same size everywhere), in rank order."""
+def allgather_into(
+    send, recv, name: str, block_bytes: int | None = None, ring_min_bytes=None
+) -> None:
+    """`recv` = every rank's `send` (same size everywhere), in rank order.
+
+    With `block_bytes` (the size of `send`) given, large blocks at 3+ ranks
+    go around a ring of `Sendrecv` steps (`ring.py`: same bytes, a schedule
+    that keeps TCP links busy); otherwise MPI's `Allgather`.
+    `ring_min_bytes` overrides `ring.RING_MIN_BYTES` (tests use 0).
+    """
+    w = world()
     with observers.collective(name):
-        world().comm.Allgather(send, recv)
+        size = w.comm.Get_size()
+        if block_bytes is not None and ring.use_ring(size, block_bytes, ring_min_bytes):
+            ring.allgather(w.comm, w.mpi, send, recv, block_bytes)
+        else:
+            w.comm.Allgather(send, recv)
+
+
+def ring_reduce_scatter(own_row, add, empty_row, buffer, name: str):
+    """This rank's owned row of a ring reduce-scatter (`ring.reduce_scatter`:
+    the caller's codec adds, this moves the rows between neighbours)."""
+    with observers.collective(name):
+        return ring.reduce_scatter(world().comm, own_row, add, empty_row, buffer)
 
 
 def allgatherv_bytes(send: np.ndarray, recv: np.ndarray, counts, name: str) -> None:
@@ -362,6 +382,7 @@ __all__ = [
     "allreduce_flat",
     "allreduce_sum_into",
     "alltoall_into",
+    "ring_reduce_scatter",
     "broadcast",
     "digest_of",
     "same_on_all_ranks",

@@ -7,7 +7,12 @@ the reduction is split the way a ring allreduce splits it:
 
 1. `Alltoall` of 16-bit rows: rank r receives every rank's row r.
 2. Rank r (the row's *owner*) sums its rows in float32 and encodes the sum.
-3. `Allgather` of the owners' 16-bit rows.
+3. Allgather of the owners' 16-bit rows (around a ring for large rows at
+   3+ ranks: `ring.py`).
+
+(With `WIRE_SCHEDULE=ring`, from 3 ranks on, large rows take a ring instead
+of steps 1-2: each rank adds its row to the running float32 sum it received
+and passes the sum on in 16 bits; see `ring.py`.)
 
 MPI only moves bytes, accumulation is float32, each output element is
 computed by exactly one rank (so the result is bitwise identical on every
@@ -37,6 +42,7 @@ from __future__ import annotations
 import numpy as np
 
 from keras_mpfp16 import _validate
+from keras_mpfp16.runtime.mpi import ring
 
 # Two codecs, one format. The numpy codec below and the TensorFlow one in
 # `backend/tf_wire.py` stay two implementations because they are written in
@@ -241,10 +247,26 @@ def lowp_allreduce_sum(comm, buf: np.ndarray, wire_dtype: str) -> np.ndarray:
     padded = np.zeros((n, chunk), dtype=np.float32)
     padded.reshape(-1)[:length] = buf
     send = encode_rows(padded, wire_dtype)
-    recv = np.empty_like(send)
-    # MPI sees raw 16-bit words: it moves them and never interprets them.
-    comm.Alltoall(send, recv)
-    mine = owner_sum(recv, wire_dtype)
+    if ring.reduce_scatter_schedule(n, send.shape[1] * 2) == "ring":
+        mine = ring.reduce_scatter(
+            comm,
+            own_row=lambda j: send[j : j + 1],
+            add=lambda got, j: owner_sum(
+                np.concatenate([got, send[j : j + 1]]), wire_dtype
+            ),
+            empty_row=lambda: np.empty((1, send.shape[1]), np.uint16),
+            buffer=lambda row: row,
+        )
+    else:
+        recv = np.empty_like(send)
+        # MPI sees raw 16-bit words: it moves them and never interprets them.
+        comm.Alltoall(send, recv)
+        mine = owner_sum(recv, wire_dtype)
     gathered = np.empty((n, mine.shape[1]), dtype=np.uint16)
-    comm.Allgather(mine, gathered)
+    if ring.use_ring(n, mine.nbytes):
+        from mpi4py import MPI
+
+        ring.allgather(comm, MPI, mine, gathered, mine.nbytes)
+    else:
+        comm.Allgather(mine, gathered)
     return decode_rows(gathered, wire_dtype).reshape(-1)[:length]
