@@ -368,9 +368,11 @@ register(
     "`alltoall`: one `Alltoall`; every input is rounded to 16 bits once. "
     "`ring`: from 3 ranks on, rows of at least 1 MiB go around a ring "
     "(N-1 `Sendrecv` steps, each rank adding its row to the running sum in "
-    "float32 and passing the sum on in 16 bits): neighbours only, 0.92x the "
-    "reduction time on 4 emulated nodes at 1 Gbit/s, at the price of N-2 "
-    "more 16-bit roundings of partial sums. Must be the same on every rank. "
+    "float32 and passing the sum on in 16 bits): neighbours only, but N-1 "
+    "small sums per bucket and N-2 more 16-bit roundings of partial sums. "
+    "On 4 emulated nodes it did not pay in whole steps (1 Gbit/s: even; "
+    "unlimited link: 1.14x slower), so it is off by default. Must be the "
+    "same on every rank. "
     "See [Benchmarks](benchmarks.md#four-emulated-nodes-what-bounds-the-16-bit-wire).",
 )
 register(

@@ -3,7 +3,7 @@
     python examples/benchmarks/cluster_before_after.py --before 5958215 \\
         --rate 1gbit --rounds 3 --out docs/benchmarks/cluster_before_after.json
 
-Two emulated nodes (root; `flock /tmp/netns-cluster.lock` around it on a
+Two emulated nodes (`--nodes`; root; `flock /tmp/netns-cluster.lock` around it on a
 shared machine), the link shaped to --rate. "before" runs the earlier
 commit's own cluster_worker.py with its package (exported with `git
 archive`, first on PYTHONPATH), "after" the working tree's; each job
@@ -37,6 +37,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--before", default="5958215")
     p.add_argument("--rate", default="1gbit")
+    p.add_argument("--nodes", type=int, default=2)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--out", required=True)
@@ -58,7 +59,7 @@ def main():
         ).stdout
         subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
         trees = {"before": Path(tmp), "after": ROOT}
-        cluster = Cluster(2, args.rate)
+        cluster = Cluster(args.nodes, args.rate)
         cluster.up()
         seconds = {k: {c: [] for c in CONFIGS.split(",")} for k in trees}
         saved = os.environ.get("PYTHONPATH", "")
@@ -73,7 +74,7 @@ def main():
                     print(f"== {label}", flush=True)
                     job = run_job(
                         cluster,
-                        2,
+                        args.nodes,
                         [
                             worker,
                             "--model",
@@ -113,6 +114,7 @@ def main():
         "load_average": os.getloadavg(),
         "before": args.before,
         "rate": args.rate,
+        "nodes": args.nodes,
         "seconds_per_step": seconds,
         "after_over_before": ratios,
         "f16_over_f32": f16_over_f32,

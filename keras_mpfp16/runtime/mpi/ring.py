@@ -2,11 +2,11 @@
 
 The 16-bit gradient wire ends with an allgather of every owner's encoded
 shard (`wire.py`). Over TCP, Open MPI's default allgather for large blocks
-measured 1.6x slower than a ring on the emulated 4-node cluster at 1 Gbit/s
-(50 MB in all: 522-529 ms against 314-326 ms; a ring moves the (N-1)/N of
+measured 1.7x slower than a ring on the emulated 4-node cluster at 1 Gbit/s
+(50 MB in all: 524-551 ms against 317-323 ms,
+`examples/benchmarks/cluster_transfer.py`; a ring moves the (N-1)/N of
 the bytes a rank must receive in N-1 equal steps, each over the same
-connection to one neighbour, so the link stays busy and no step waits on a
-fresh TCP window). Which algorithm Open MPI picks depends on flags the user
+connection to one neighbour, and reaches the link's rate). Which algorithm Open MPI picks depends on flags the user
 may never set (`coll_tuned_allgather_algorithm`), so the wire runs the ring
 itself, with point-to-point `Sendrecv`, where it measured faster: 3 ranks or
 more and blocks of at least `RING_MIN_BYTES`. Smaller blocks and 2 ranks
@@ -19,15 +19,14 @@ The owner's sum can go around the ring too (`reduce_scatter`): instead of
 one `Alltoall` that brings every rank's 16-bit row to its owner, each rank
 adds its own row to the running sum it received (float32) and passes the
 sum on, re-encoded to 16 bits, N-1 times. Same bytes per rank as the
-`Alltoall`, neighbours only (measured 1.4x faster than Open MPI's
-`Alltoall` on the emulated 4-node cluster at 1 Gbit/s: 315-327 ms against
-441-521 ms for 50 MB), but the partial sums are rounded to 16 bits N-2
+`Alltoall`, neighbours only (the transfer alone measured 323-339 ms against
+Open MPI's `Alltoall`'s 390-519 ms for 50 MB there), but the partial sums are rounded to 16 bits N-2
 more times, so it is a numerics choice, off by default:
 `reduce_scatter_schedule` applies the `WIRE_SCHEDULE` setting. In whole
-train steps on that cluster it measured 0.92x the Alltoall's reduction
-time (comm-only medians 835 against 905 ms, 6 rounds each). Blocks are addressed with MPI derived
-datatypes (a byte offset into the receive buffer), so the same code moves
-host arrays and device buffers (DLPack) alike.
+train steps on that cluster it did not pay: the reduction 1.00x and the
+step 0.95x the Alltoall's at 1 Gbit/s, 1.13x and 1.14x with the link
+unlimited (its N-1 small owner's sums per bucket cost CPU); see
+docs/benchmarks.md, "Four emulated nodes: what bounds the 16-bit wire".
 """
 
 from __future__ import annotations

@@ -1,0 +1,131 @@
+"""Transfer schedules alone on the emulated cluster (no codec, no Keras).
+
+    python examples/benchmarks/cluster_transfer.py --nodes 4 --rate 1gbit \\
+        --out docs/benchmarks/cluster_transfer.json
+
+Root, under `flock /tmp/netns-cluster.lock`. One rank per emulated node
+(`cluster.py`), Open MPI's allreduce forced to its ring as in the other
+cluster suites. For 16-bit payloads of E elements per rank (the dense
+benchmark model's whole gradient, 25M, and one 25 MB bucket, 6.3M), the
+milliseconds (slowest rank, `--rounds` each) of moving the bytes of the
+16-bit wire's two phases with:
+
+  mpi_alltoall      Open MPI's Alltoall (what the wire's default uses)
+  ring_rs           N-1 neighbour Sendrecv steps of one row each (the byte
+                    movement of WIRE_SCHEDULE=ring; the sums left out)
+  mpi_allgather     Open MPI's Allgather of one row per rank
+  ring_allgather    runtime/mpi/ring.py's allgather (what the wire uses now
+                    for rows of 1 MiB or more at 3+ ranks)
+  allreduce_same_bytes  Open MPI's ring Allreduce of E/2 float32: the bytes
+                    of Horovod's Compression.fp16 allreduce
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SCHEDULES = (
+    "mpi_alltoall",
+    "ring_rs",
+    "mpi_allgather",
+    "ring_allgather",
+    "allreduce_same_bytes",
+)
+
+
+def worker(elements: int, rounds: int) -> None:
+    import numpy as np
+    from mpi4py import MPI
+
+    from keras_mpfp16.runtime.mpi import ring
+
+    comm = MPI.COMM_WORLD
+    n, r = comm.Get_size(), comm.Get_rank()
+    chunk = -(-elements // n)
+    send = np.random.default_rng(r).integers(0, 60000, (n, chunk), dtype=np.uint16)
+    recv = np.empty_like(send)
+    floats = np.ones(elements // 2, np.float32)
+    floats_out = np.empty_like(floats)
+    right, left = (r + 1) % n, (r - 1) % n
+    row = np.empty(chunk, np.uint16)
+
+    def ring_rs():
+        for s in range(n - 1):
+            comm.Sendrecv(send[(r - s - 1) % n], dest=right, recvbuf=row, source=left)
+
+    run = {
+        "mpi_alltoall": lambda: comm.Alltoall(send, recv),
+        "ring_rs": ring_rs,
+        "mpi_allgather": lambda: comm.Allgather(send[0], recv),
+        "ring_allgather": lambda: ring.allgather(comm, MPI, send[0], recv, chunk * 2),
+        "allreduce_same_bytes": lambda: comm.Allreduce(floats, floats_out),
+    }
+    times = {k: [] for k in SCHEDULES}
+    for name in SCHEDULES:  # warm-up: connections opened
+        run[name]()
+    for _ in range(rounds):
+        for name in SCHEDULES:
+            comm.Barrier()
+            t = time.perf_counter()
+            run[name]()
+            comm.Barrier()
+            times[name].append(1000 * (time.perf_counter() - t))
+    if r == 0:
+        print(json.dumps({"elements": elements, "ranks": n, "ms": times}), flush=True)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--nodes", type=int, default=4)
+    p.add_argument("--rate", default="1gbit")
+    p.add_argument("--elements", default="25000000,6300000")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--out")
+    p.add_argument("--worker", type=int, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        worker(args.worker, args.rounds)
+        return 0
+    sys.path.insert(0, str(HERE))
+    from cluster import Cluster
+
+    ring_allreduce = ["--mca", "coll_tuned_use_dynamic_rules", "1"]
+    ring_allreduce += ["--mca", "coll_tuned_allreduce_algorithm", "4"]
+    repo = str(HERE.parent.parent)
+    results = {"nodes": args.nodes, "rate": args.rate, "runs": []}
+    with Cluster(nodes=args.nodes, rate=args.rate) as c:
+        for e in args.elements.split(","):
+            argv = [
+                sys.executable,
+                __file__,
+                "--worker",
+                e,
+                "--rounds",
+                str(args.rounds),
+            ]
+            extra = [*ring_allreduce, "-x", f"PYTHONPATH={repo}"]
+            out = subprocess.run(
+                c.mpirun_command(argv, extra=extra),
+                capture_output=True,
+                text=True,
+                timeout=900,
+            )
+            if out.returncode:
+                print(out.stdout, out.stderr, file=sys.stderr)
+                return out.returncode
+            run = json.loads(out.stdout.strip().splitlines()[-1])
+            results["runs"].append(run)
+            for name, ms in run["ms"].items():
+                shown = " ".join(f"{t:.0f}" for t in ms)
+                print(f"{args.nodes} nodes {args.rate} E={e} {name}: {shown}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
