@@ -14,7 +14,6 @@ in-step 16-bit reduction alone) and `f16` (the whole step in `fit`),
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -29,36 +28,22 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--out")
     args = p.parse_args()
+    sys.path.insert(0, str(HERE.parent.parent / "tests"))
     sys.path.insert(0, str(HERE))
     from cluster import Cluster
+    from cluster_bench import RING, run_job
 
-    repo = str(HERE.parent.parent)
     ms = {s: {"comm_f16": [], "f16": []} for s in ("alltoall", "ring")}
+    argv = [HERE / "cluster_worker.py", "--model", "dense"]
+    argv += ["--configs", "comm_f16,f16", "--rounds", str(args.rounds)]
     with Cluster(nodes=args.nodes, rate=args.rate) as c:
         for _ in range(args.pairs):
             for schedule in ("alltoall", "ring"):
-                extra = ["--mca", "coll_tuned_use_dynamic_rules", "1"]
-                extra += ["--mca", "coll_tuned_allreduce_algorithm", "4"]
-                extra += ["-x", f"PYTHONPATH={repo}", "-x", "TF_CPP_MIN_LOG_LEVEL=3"]
-                extra += ["-x", f"KERAS_MPFP16_WIRE_SCHEDULE={schedule}"]
-                argv = [sys.executable, str(HERE / "cluster_worker.py")]
-                argv += ["--model", "dense", "--configs", "comm_f16,f16"]
-                argv += ["--rounds", str(args.rounds)]
-                out = subprocess.run(
-                    c.mpirun_command(argv, extra=extra),
-                    capture_output=True,
-                    text=True,
-                    timeout=1200,
-                )
-                if out.returncode:
-                    print(out.stdout, out.stderr, file=sys.stderr)
-                    return out.returncode
-                for line in out.stdout.splitlines():
-                    if line.strip().startswith("round"):
-                        print(schedule, line.strip(), flush=True)
-                        for item in line.split(":", 1)[1].split():
-                            key, value = item.split("=")
-                            ms[schedule][key].append(float(value.removesuffix("ms")))
+                print(f"== {schedule}", flush=True)
+                env = {"KERAS_MPFP16_WIRE_SCHEDULE": schedule}
+                job = run_job(c, args.nodes, argv, env=env, extra=RING, timeout=1200)
+                for key, seconds in job["seconds_per_step"].items():
+                    ms[schedule][key] += [1000 * t for t in seconds]
     medians = {
         s: {k: statistics.median(v) for k, v in d.items()} for s, d in ms.items()
     }

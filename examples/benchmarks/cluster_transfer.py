@@ -22,7 +22,6 @@ milliseconds (slowest rank, `--rounds` each) of moving the bytes of the
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -37,7 +36,7 @@ SCHEDULES = (
 )
 
 
-def worker(elements: int, rounds: int) -> None:
+def worker(elements: int, rounds: int, out: str) -> None:
     import numpy as np
     from mpi4py import MPI
 
@@ -61,7 +60,7 @@ def worker(elements: int, rounds: int) -> None:
         "mpi_alltoall": lambda: comm.Alltoall(send, recv),
         "ring_rs": ring_rs,
         "mpi_allgather": lambda: comm.Allgather(send[0], recv),
-        "ring_allgather": lambda: ring.allgather(comm, MPI, send[0], recv, chunk * 2),
+        "ring_allgather": lambda: ring.allgather(comm, send[0], recv, chunk * 2, 0),
         "allreduce_same_bytes": lambda: comm.Allreduce(floats, floats_out),
     }
     times = {k: [] for k in SCHEDULES}
@@ -75,7 +74,8 @@ def worker(elements: int, rounds: int) -> None:
             comm.Barrier()
             times[name].append(1000 * (time.perf_counter() - t))
     if r == 0:
-        print(json.dumps({"elements": elements, "ranks": n, "ms": times}), flush=True)
+        result = {"elements": elements, "ranks": n, "ms": times}
+        Path(out).write_text(json.dumps(result))
 
 
 def main() -> int:
@@ -88,36 +88,19 @@ def main() -> int:
     p.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
-        worker(args.worker, args.rounds)
+        worker(args.worker, args.rounds, args.out)
         return 0
+    sys.path.insert(0, str(HERE.parent.parent / "tests"))
     sys.path.insert(0, str(HERE))
     from cluster import Cluster
+    from cluster_bench import RING, run_job
 
-    ring_allreduce = ["--mca", "coll_tuned_use_dynamic_rules", "1"]
-    ring_allreduce += ["--mca", "coll_tuned_allreduce_algorithm", "4"]
-    repo = str(HERE.parent.parent)
     results = {"nodes": args.nodes, "rate": args.rate, "runs": []}
     with Cluster(nodes=args.nodes, rate=args.rate) as c:
         for e in args.elements.split(","):
-            argv = [
-                sys.executable,
-                __file__,
-                "--worker",
-                e,
-                "--rounds",
-                str(args.rounds),
-            ]
-            extra = [*ring_allreduce, "-x", f"PYTHONPATH={repo}"]
-            out = subprocess.run(
-                c.mpirun_command(argv, extra=extra),
-                capture_output=True,
-                text=True,
-                timeout=900,
-            )
-            if out.returncode:
-                print(out.stdout, out.stderr, file=sys.stderr)
-                return out.returncode
-            run = json.loads(out.stdout.strip().splitlines()[-1])
+            argv = [__file__, "--worker", e, "--rounds", str(args.rounds)]
+            run = run_job(c, args.nodes, argv, extra=RING, timeout=900)
+            run.pop("job_seconds", None)
             results["runs"].append(run)
             for name, ms in run["ms"].items():
                 shown = " ".join(f"{t:.0f}" for t in ms)

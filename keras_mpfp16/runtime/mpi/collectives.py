@@ -184,13 +184,12 @@ def allgather_into(
     that keeps TCP links busy); otherwise MPI's `Allgather`.
     `ring_min_bytes` overrides `ring.RING_MIN_BYTES` (tests use 0).
     """
-    w = world()
+    comm = world().comm
     with observers.collective(name):
-        size = w.comm.Get_size()
-        if block_bytes is not None and ring.use_ring(size, block_bytes, ring_min_bytes):
-            ring.allgather(w.comm, w.mpi, send, recv, block_bytes)
+        if block_bytes is None:
+            comm.Allgather(send, recv)
         else:
-            w.comm.Allgather(send, recv)
+            ring.allgather(comm, send, recv, block_bytes, ring_min_bytes)
 
 
 def ring_reduce_scatter(own_row, add, empty_row, buffer, name: str):

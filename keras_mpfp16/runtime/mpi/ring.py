@@ -4,13 +4,14 @@ The 16-bit gradient wire ends with an allgather of every owner's encoded
 shard (`wire.py`). Over TCP, Open MPI's default allgather for large blocks
 measured 1.7x slower than a ring on the emulated 4-node cluster at 1 Gbit/s
 (50 MB in all: 524-551 ms against 317-323 ms,
-`examples/benchmarks/cluster_transfer.py`; a ring moves the (N-1)/N of
-the bytes a rank must receive in N-1 equal steps, each over the same
-connection to one neighbour, and reaches the link's rate). Which algorithm Open MPI picks depends on flags the user
-may never set (`coll_tuned_allgather_algorithm`), so the wire runs the ring
-itself, with point-to-point `Sendrecv`, where it measured faster: 3 ranks or
-more and blocks of at least `RING_MIN_BYTES`. Smaller blocks and 2 ranks
-use MPI's `Allgather` (at 2 ranks every algorithm is one exchange).
+`examples/benchmarks/cluster_transfer.py`; a ring moves the (N-1)/N of the
+bytes a rank must receive in N-1 equal steps, each over the same connection
+to one neighbour, and reaches the link's rate). Which algorithm Open MPI
+picks depends on flags the user may never set
+(`coll_tuned_allgather_algorithm`), so the wire runs the ring itself, with
+point-to-point `Sendrecv`, where it measured faster: 3 ranks or more and
+blocks of at least `RING_MIN_BYTES`. Smaller blocks and 2 ranks use MPI's
+`Allgather` (at 2 ranks every algorithm is one exchange).
 
 The ring allgather's result is the same bytes in the same order as
 `Allgather`: only the schedule differs, never the numbers.
@@ -20,11 +21,11 @@ one `Alltoall` that brings every rank's 16-bit row to its owner, each rank
 adds its own row to the running sum it received (float32) and passes the
 sum on, re-encoded to 16 bits, N-1 times. Same bytes per rank as the
 `Alltoall`, neighbours only (the transfer alone measured 323-339 ms against
-Open MPI's `Alltoall`'s 390-519 ms for 50 MB there), but the partial sums are rounded to 16 bits N-2
-more times, so it is a numerics choice, off by default:
-`reduce_scatter_schedule` applies the `WIRE_SCHEDULE` setting. In whole
-train steps on that cluster it did not pay: the reduction 1.00x and the
-step 0.95x the Alltoall's at 1 Gbit/s, 1.13x and 1.14x with the link
+Open MPI's `Alltoall`'s 390-519 ms for 50 MB there), but the partial sums
+are rounded to 16 bits N-2 more times, so it is a numerics choice, off by
+default: `reduce_scatter_schedule` applies the `WIRE_SCHEDULE` setting. In
+whole train steps on that cluster it did not pay: the reduction 1.00x and
+the step 0.95x the Alltoall's at 1 Gbit/s, 1.13x and 1.14x with the link
 unlimited (its N-1 small owner's sums per bucket cost CPU); see
 docs/benchmarks.md, "Four emulated nodes: what bounds the 16-bit wire".
 """
@@ -51,30 +52,36 @@ def use_ring(size: int, block_bytes: int, min_bytes: int | None = None) -> bool:
     return size >= 3 and block_bytes >= threshold
 
 
-def allgather(comm, mpi, send, recv, block_bytes: int) -> None:
-    """`recv` = every rank's `send` (`block_bytes` each), in rank order, in
-    N-1 `Sendrecv` steps around the ring.
+def allgather(comm, send, recv, block_bytes: int, min_bytes: int | None = None):
+    """`recv` = every rank's `send` (`block_bytes` each), in rank order: around
+    the ring where `use_ring(size, block_bytes, min_bytes)`, else MPI's
+    `Allgather`.
 
-    Step s: rank r passes block (r - s) mod N to rank r + 1 and receives
-    block (r - s - 1) mod N from rank r - 1. Step 0 sends from `send`; its
-    own block is copied into `recv` through MPI (a self `Sendrecv`), which
-    works for device memory as well as host memory.
+    Ring step s: rank r passes block (r - s) mod N to rank r + 1 and
+    receives block (r - s - 1) mod N from rank r - 1. Step 0 sends from
+    `send`; its own block is copied into `recv` through MPI (a self
+    `Sendrecv`), which works for device memory as well as host memory.
 
     Args:
         comm: mpi4py intra-communicator.
-        mpi: the `mpi4py.MPI` module.
         send: this rank's block (any mpi4py buffer: numpy, DLPack).
         recv: N blocks (any mpi4py buffer).
         block_bytes: bytes per block, the same on every rank.
+        min_bytes: overrides `RING_MIN_BYTES` (tests use 0).
     """
+    if not use_ring(comm.Get_size(), block_bytes, min_bytes):
+        comm.Allgather(send, recv)
+        return
+    from mpi4py import MPI
+
     n, r = comm.Get_size(), comm.Get_rank()
     right, left = (r + 1) % n, (r - 1) % n
     types = [
-        mpi.BYTE.Create_hindexed([block_bytes], [k * block_bytes]).Commit()
+        MPI.BYTE.Create_hindexed([block_bytes], [k * block_bytes]).Commit()
         for k in range(n)
     ]
     try:
-        send_spec = [send, block_bytes, mpi.BYTE]
+        send_spec = [send, block_bytes, MPI.BYTE]
         comm.Sendrecv(
             send_spec,
             dest=r,
@@ -97,9 +104,6 @@ def allgather(comm, mpi, send, recv, block_bytes: int) -> None:
     finally:
         for t in types:
             t.Free()
-
-
-SCHEDULES = ("alltoall", "ring")
 
 
 def reduce_scatter_schedule(size: int, row_bytes: int) -> str:

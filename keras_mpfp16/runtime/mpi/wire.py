@@ -263,10 +263,5 @@ def lowp_allreduce_sum(comm, buf: np.ndarray, wire_dtype: str) -> np.ndarray:
         comm.Alltoall(send, recv)
         mine = owner_sum(recv, wire_dtype)
     gathered = np.empty((n, mine.shape[1]), dtype=np.uint16)
-    if ring.use_ring(n, mine.nbytes):
-        from mpi4py import MPI
-
-        ring.allgather(comm, MPI, mine, gathered, mine.nbytes)
-    else:
-        comm.Allgather(mine, gathered)
+    ring.allgather(comm, mine, gathered, mine.nbytes)
     return decode_rows(gathered, wire_dtype).reshape(-1)[:length]
