@@ -77,10 +77,12 @@ ROOT_ONLY_TYPES = (
 def make_safe(callback: keras.callbacks.Callback) -> keras.callbacks.Callback:
     """The callback to run in its place on this rank (often itself)."""
     if isinstance(callback, RootOnly) and isinstance(
-        callback.callback, BOOKKEEPING_TYPES
+        callback.callback, (*BOOKKEEPING_TYPES, keras.callbacks.BackupAndRestore)
     ):
         # root_only(ModelCheckpoint(...)): rank 0 still writes alone, and the
-        # object's state is kept on every rank as for an unwrapped one.
+        # object's state is kept on every rank as for an unwrapped one;
+        # root_only(BackupAndRestore(...)): as an unwrapped one (rank 0
+        # restores and writes, the other ranks do nothing).
         callback = callback.callback
     if isinstance(
         callback,

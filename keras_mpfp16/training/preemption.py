@@ -437,14 +437,43 @@ def own_backup_dir() -> str:
     return os.path.join(base, f"fit-{_fits['count']}")
 
 
-def writer_for(callbacks: list) -> tuple[SafeBackupAndRestore | None, bool]:
-    """The backup a preemption writes into: the user's (first) `BackupAndRestore`
-    among the callbacks already made safe, or a new `OwnBackup` (True); None
-    when there is none and preemption handling is off."""
-    for cb in callbacks:
-        if isinstance(cb, SafeBackupAndRestore):
-            return cb, False
-    if not preemption.settings()[0]:
+def own_backup_enabled() -> bool:
+    """Whether a `fit` without `BackupAndRestore` gets the library's own
+    backup (preemption handling on: `KERAS_MPFP16_PREEMPTION`)."""
+    return bool(preemption.settings()[0])
+
+
+def writer_for(
+    callbacks: list, backup: dict | None = None, own: bool | None = None
+) -> tuple[SafeBackupAndRestore | None, bool]:
+    """The backup a preemption writes into, decided by rank 0's list.
+
+    Args:
+        callbacks: This rank's callbacks, already made safe.
+        backup: Rank 0's (first) `BackupAndRestore` as described by
+            `training.agreement.describe` (None: rank 0 has none).
+        own: Rank 0's `own_backup_enabled()` (None: this rank's).
+
+    Returns:
+        `(writer, listed)`: this rank's (first) `BackupAndRestore` made safe
+        (`listed` False: it is in the list already); where rank 0 has one
+        and this rank not, a stand-in with rank 0's directory (it writes
+        nothing here: only rank 0 writes); where rank 0 has none, a new
+        `OwnBackup`; `(None, False)` when rank 0 has none and preemption
+        handling is off.
+    """
+    if backup is not None or own is None:
+        for cb in callbacks:
+            if isinstance(cb, SafeBackupAndRestore):
+                return cb, False
+    if backup is not None:
+        stand_in = keras.callbacks.BackupAndRestore(
+            backup["backup_dir"],
+            save_freq=backup["save_freq"],
+            delete_checkpoint=backup["delete_checkpoint"],
+        )
+        return SafeBackupAndRestore(stand_in), True
+    if not (own_backup_enabled() if own is None else own):
         return None, False
     directory = own_backup_dir()
     return OwnBackup(keras.callbacks.BackupAndRestore(directory)), True

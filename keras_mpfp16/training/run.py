@@ -36,7 +36,7 @@ from keras_mpfp16.sync import replica
 from keras_mpfp16.sync.checks import check_equal_steps
 from keras_mpfp16.sync.metric_reduction import MetricReduction
 from keras_mpfp16.sync.xla import guard_jit
-from keras_mpfp16.training import files, wire_auto
+from keras_mpfp16.training import agreement, files, wire_auto
 from keras_mpfp16.training import preemption as training_preemption
 
 _reductions: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -109,8 +109,15 @@ class DistributedRun:
         return self.model.optimizer.non_trainable_sync == "epoch"
 
     def callbacks(self, callbacks):
-        """The user's callbacks made safe, between our first and last."""
-        user, timelines = [], []
+        """The user's callbacks made safe, between our first and last.
+
+        In `fit`, every decision taken from the list (the backup to restore
+        and write, the library's own backup, the timelines, the equal-steps
+        check) is rank 0's (`training.agreement`): lists that differ between
+        ranks (Horovod's `if rank == 0: callbacks.append(...)`) make no
+        collective on some ranks only.
+        """
+        given, user, timelines = [], [], []
         for cb in _callback_list(callbacks):
             if isinstance(cb, GlobalMetrics):
                 # Redundant: logs are already global. Keep its settings.
@@ -121,24 +128,38 @@ class DistributedRun:
                 # other callbacks' per-batch work.
                 timelines.append(cb)
                 continue
+            given.append(cb)
             user.append(files.make_safe(cb))
         if self.training and not timelines:
             from_env = Timeline.from_env()  # KERAS_MPFP16_TIMELINE*
             if from_env is not None:
                 timelines.append(from_env)
+        agreed = None
+        if self.training:
+            own_backup = training_preemption.own_backup_enabled()
+            agreed = agreement.agree(
+                agreement.describe(given, timelines, self.check_steps, own_backup)
+            )
+            self.check_steps = agreed["check_steps"]
+            if not timelines and agreed["timelines"]:
+                timelines = [agreement.timeline_from(t) for t in agreed["timelines"]]
         ours = [*timelines, _RunFirst(self), *user, _RunLast(self)]
         if self.training:
-            writer, own = training_preemption.writer_for(user)
+            writer, listed = training_preemption.writer_for(
+                user, agreed["backup"], agreed["own_backup"]
+            )
             if runtime.is_root():
                 training_preemption.remove_stale_temporaries(user, writer)
             if writer is not None:
-                # The library's own backup restores before _RunLast syncs.
-                ours[-1:-1] = [writer] if own else []
+                # The library's own backup (or, on a rank without rank 0's
+                # BackupAndRestore, its stand-in) restores before _RunLast syncs.
+                ours[-1:-1] = [writer] if listed else []
                 stop = training_preemption.Preemption(writer, self.batch_size)
                 ours.insert(len(timelines) + 1, stop.front)  # after _RunFirst
                 ours.append(stop)
         if self.training and wire_auto.wanted(self.model):
             ours.append(wire_auto.WireAuto())  # wire_dtype="auto"
+        ours.append(_RunEnd(self))  # last: after every other on_train_end
         if isinstance(callbacks, keras.callbacks.CallbackList):
             callbacks.callbacks[:] = ours
             callbacks.set_model(self.model)
@@ -242,6 +263,32 @@ class _RunLast(keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         self.run.average_now()
+
+
+class _RunEnd(keras.callbacks.Callback):
+    """Last in the list: no rank leaves `fit` (or a collective `evaluate`)
+    before every file rank 0 wrote for it is complete and in place.
+
+    Rank 0 reaches this `on_train_end` / `on_test_end` after every other
+    callback's (Keras calls them in order, after its asynchronous batch
+    hooks are flushed): its checkpoints, CSV rows and backups are written
+    and renamed into place, and a backup written in the background has been
+    waited for (`SafeBackupAndRestore.on_train_end`). One barrier then
+    holds the other ranks until rank 0 is there, so `load_model` right
+    after `fit` reads the last checkpoint on every rank. Once per `fit` or
+    `evaluate`, never per step. (A preemption's stop has its own barrier.)
+    """
+
+    def __init__(self, run: DistributedRun):
+        super().__init__()
+        self.run = run
+
+    def on_train_end(self, logs=None):
+        runtime.barrier()
+
+    def on_test_end(self, logs=None):
+        if not self.run.training:  # not the validation inside fit
+            runtime.barrier()
 
 
 @contextlib.contextmanager

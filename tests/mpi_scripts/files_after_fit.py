@@ -1,0 +1,212 @@
+"""Files complete when `fit` returns, and callbacks that differ between ranks.
+
+`mpirun -np N python files_after_fit.py OUT_DIR` (issue 38, items 1 and 5).
+Rank 0's file writes are slowed down (every fsync before a rename sleeps
+`DELAY` s on rank 0, the checkpoints' and the backups' alike) so that a rank
+leaving `fit` before rank 0 has renamed its last file in place sees the
+previous file. Ranks are seeded differently (rank 0's model wins).
+
+Parts, in one launch, each printing into this rank's one JSON line:
+
+- `files`: three `fit`s in a row with `ModelCheckpoint(save_best_only=True)`,
+  `CSVLogger`, `BackupAndRestore(delete_checkpoint=False)`: (1) on every
+  rank, (2) Horovod's habit - appended on rank 0 only, with `TensorBoard`
+  and a `Timeline` - and (3) wrapped in `kmp.callbacks.root_only`. Right
+  after each `fit` every rank loads the checkpoint (`load_model`) and
+  reads the CSV log and the backup's metadata; after a barrier it reads
+  them again: both readings must agree.
+- `resume`: (2)'s rank-0-only `BackupAndRestore` again with more epochs:
+  every rank resumes at rank 0's epoch.
+- `errors`: differences that cannot be reconciled - `EarlyStopping` on
+  rank 0 only, `ReduceLROnPlateau` in `root_only`, a `ModelCheckpoint` on
+  the last rank only, a `Timeline` on the last rank only: each `fit` raises
+  the same error on every rank (caught here), and the job goes on.
+"""
+
+import hashlib
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+import keras_mpfp16 as kmp  # noqa: E402
+from keras_mpfp16.runtime.supervision import atomic_files  # noqa: E402
+from keras_mpfp16.training import files as training_files  # noqa: E402
+
+out_dir = sys.argv[1]
+rank, n = kmp.rank(), kmp.size()
+EPOCHS, BATCH, STEPS = 3, 8, 6
+DELAY = float(os.environ.get("FILES_TEST_DELAY", "0.8"))
+
+
+def slow(fsync):
+    def fsync_slowly(path):
+        time.sleep(DELAY)  # rank 0 still writing while the others go on
+        fsync(path)
+
+    return fsync_slowly
+
+
+if rank == 0:
+    atomic_files.fsync_file = slow(atomic_files.fsync_file)  # model.save
+    training_files.fsync_file = slow(training_files.fsync_file)  # backups
+
+rng = np.random.default_rng(5)
+x = rng.normal(size=(BATCH * STEPS * n, 6)).astype("float32")
+y = (x[:, 0] + 0.5 * x[:, 2] > 0).astype("float32")
+xs, ys = kmp.shard(x, y)
+
+keras.utils.set_random_seed(300 + rank)
+model = keras.Sequential(
+    [
+        keras.Input((6,)),
+        keras.layers.Dense(8),
+        keras.layers.BatchNormalization(),
+        keras.layers.Activation("relu"),
+        keras.layers.Dense(1, activation="sigmoid"),
+    ]
+)
+model.compile(
+    optimizer=kmp.DistributedOptimizer(keras.optimizers.SGD(0.05)),
+    loss="binary_crossentropy",
+    metrics=["accuracy"],
+)
+
+
+def digest(variables) -> str:
+    h = hashlib.sha256()
+    for v in variables:
+        h.update(np.ascontiguousarray(np.asarray(v)).tobytes())
+    return h.hexdigest()[:16]
+
+
+class Epochs(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.epochs = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epochs.append(epoch)
+
+
+def read_files(ckpt, csv, backup):
+    """What this rank sees on disk now."""
+    loaded = keras.models.load_model(ckpt)
+    with open(csv) as f:
+        lines = f.read().count("\n")
+    with open(os.path.join(backup, "training_metadata.json")) as f:
+        meta = json.load(f)
+    return {
+        "checkpoint": digest(loaded.weights),
+        "csv_lines": lines,
+        "backup_epoch": meta["epoch"],
+    }
+
+
+def writers(i):
+    ckpt = os.path.join(out_dir, f"best-{i}.keras")
+    csv = os.path.join(out_dir, f"log-{i}.csv")
+    backup = os.path.join(out_dir, f"backup-{i}")
+    made = [
+        keras.callbacks.ModelCheckpoint(ckpt, monitor="loss", save_best_only=True),
+        keras.callbacks.CSVLogger(csv),
+        keras.callbacks.BackupAndRestore(backup, delete_checkpoint=False),
+    ]
+    return (ckpt, csv, backup), made
+
+
+record = {"rank": rank, "files": [], "errors": {}}
+
+# -- files -----------------------------------------------------------------------
+for i, how in enumerate(("every rank", "rank 0 only", "root_only")):
+    paths, made = writers(i)
+    epochs = Epochs()
+    callbacks = [epochs]
+    if how == "every rank":
+        callbacks += made
+    elif how == "rank 0 only":  # Horovod's habit
+        if rank == 0:
+            callbacks += made
+            callbacks.append(keras.callbacks.TensorBoard(os.path.join(out_dir, "tb")))
+            callbacks.append(
+                kmp.callbacks.Timeline(os.path.join(out_dir, "trace.json"))
+            )
+    else:
+        callbacks += [kmp.callbacks.root_only(cb) for cb in made]
+    model.fit(
+        xs,
+        ys,
+        batch_size=BATCH,
+        epochs=EPOCHS,
+        shuffle=False,
+        verbose=0,
+        callbacks=callbacks,
+    )
+    right_after = read_files(*paths)
+    kmp.barrier()
+    time.sleep(0.2)
+    after_barrier = read_files(*paths)
+    record["files"].append(
+        {
+            "how": how,
+            "epochs": epochs.epochs,
+            "right_after": right_after,
+            "after_barrier": after_barrier,
+            "model": digest(model.weights),
+            "trace": os.path.exists(os.path.join(out_dir, "trace.json")),
+        }
+    )
+
+# -- resume: rank 0's BackupAndRestore decides the start epoch on every rank -------
+(ckpt, csv, backup), _ = writers(1)
+epochs = Epochs()
+callbacks = [epochs]
+if rank == 0:
+    callbacks.append(keras.callbacks.BackupAndRestore(backup))
+model.fit(
+    xs, ys, batch_size=BATCH, epochs=EPOCHS + 2, shuffle=False, verbose=0,
+    callbacks=callbacks,
+)  # fmt: skip
+record["resume"] = {
+    "epochs": epochs.epochs,
+    "model": digest(model.weights),
+    "backup_left": os.path.exists(backup),
+}
+
+
+# -- errors -----------------------------------------------------------------------
+def fit_expecting_error(name, callbacks):
+    try:
+        model.fit(xs, ys, batch_size=BATCH, epochs=1, verbose=0, callbacks=callbacks)
+    except ValueError as exc:
+        record["errors"][name] = f"{type(exc).__name__}: {exc}"
+    else:
+        record["errors"][name] = None
+
+
+fit_expecting_error(
+    "EarlyStopping", [keras.callbacks.EarlyStopping("loss")] if rank == 0 else []
+)
+fit_expecting_error(
+    "ReduceLROnPlateau",
+    [kmp.callbacks.root_only(keras.callbacks.ReduceLROnPlateau("loss"))],
+)
+fit_expecting_error(
+    "ModelCheckpoint",
+    [keras.callbacks.ModelCheckpoint(os.path.join(out_dir, "last.keras"))]
+    if rank == n - 1
+    else [],
+)
+fit_expecting_error(
+    "Timeline",
+    [kmp.callbacks.Timeline(os.path.join(out_dir, "t2.json"))] if rank == n - 1 else [],
+)
+# The job goes on as one model.
+model.fit(xs, ys, batch_size=BATCH, epochs=1, verbose=0)
+record["final"] = digest(model.weights)
+print(json.dumps(record), flush=True)
