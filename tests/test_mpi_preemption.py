@@ -86,7 +86,9 @@ def _metadata(directory) -> dict:
 def test_signal_stops_every_rank_at_one_step_and_resumes_identically(np_, tmp_path):
     """SIGTERM to the last rank only with no BackupAndRestore (the library's
     own backup) and, at np=2, SIGUSR1 to mpirun (forwarded to every rank)
-    with a stock BackupAndRestore: every rank stops at the same
+    with a stock BackupAndRestore, and SIGTERM to the last rank of a script
+    ported from Horovod (ModelCheckpoint and BackupAndRestore appended on
+    rank 0 only): every rank stops at the same
     step of epoch 2, the job exits 75 with a backup at that step; the same
     script started again resumes there and ends with the uninterrupted run's
     weights, optimizer state and history, bit for bit."""
@@ -96,6 +98,9 @@ def test_signal_stops_every_rank_at_one_step_and_resumes_identically(np_, tmp_pa
     )
     want = full[0]
     cases = [("own", np_ - 1, signal.SIGTERM)]  # one rank only: the hard case
+    # Horovod's habit (ModelCheckpoint and BackupAndRestore appended on rank
+    # 0 only), the last rank signalled: rank 0's list decides (issue 38).
+    cases.append(("horovod", np_ - 1, signal.SIGTERM))
     if np_ == 2:
         cases.insert(0, ("user", "mpirun", signal.SIGUSR1))
     for backup, target, signum in cases:
@@ -119,7 +124,7 @@ def test_signal_stops_every_rank_at_one_step_and_resumes_identically(np_, tmp_pa
         assert all(s["signal"] in (None, int(signum)) for s in stops)
         # The signal reached the ranks while they trained: the stop is prompt.
         assert max(s["t_exit"] for s in stops) - sent < 30, stops
-        backup_dir = out_dir / "backup" if backup == "user" else own_dir / "fit-1"
+        backup_dir = out_dir / "backup" if backup != "own" else own_dir / "fit-1"
         assert stops[0]["backup_dir"] == str(backup_dir)
         meta = _metadata(backup_dir)
         assert meta["epoch"] == 1 and meta["keras_mpfp16"]["steps_done"] == steps
@@ -133,6 +138,7 @@ def test_signal_stops_every_rank_at_one_step_and_resumes_identically(np_, tmp_pa
             assert r["first_step"] == steps, r  # resumed at the step, not at 0
             assert r["digest"] == want["digest"], (backup, r["digest"], want["digest"])
             assert r["iterations"] == want["iterations"]
+            assert r["checkpoint_is_model"], r
             for key, values in r["history"].items():
                 assert values == want["history"][key][1:], (backup, key)
         assert not backup_dir.exists()  # a finished fit deletes its backup

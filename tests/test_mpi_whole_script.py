@@ -183,3 +183,37 @@ def test_custom_train_step_logs_match_one_process(np_, tmp_path):
         for key in ref:
             for got, want in zip(hist[key], ref[key]):
                 assert rel(got, want) <= RTOL, (key, hist[key], ref[key])
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_conv1d_classifier_with_stock_callbacks_and_load_model(np_, tmp_path):
+    """keras.io's Conv1D + BatchNorm time-series classifier, three lines
+    added: ModelCheckpoint(save_best_only), ReduceLROnPlateau, EarlyStopping,
+    validation_split, then load_model right after fit and evaluate on every
+    rank (issue 38: ranks other than 0 loaded the previous best checkpoint)."""
+    result = run_mpi(np_, "conv1d_script.py", str(tmp_path), timeout=500)
+    recs = ok(result)
+    assert len(recs) == np_
+    root = recs[0]
+    for r in recs:
+        # One model everywhere, and the checkpoint every rank loads right
+        # after fit is the one on disk once every rank is past fit.
+        assert r["fitted"] == root["fitted"], r["rank"]
+        assert r["loaded_right_after"] == r["loaded_after_barrier"], r
+        assert r["loaded_right_after"] == root["loaded_after_barrier"], r["rank"]
+        assert r["epochs"] == root["epochs"] and r["lrs"] == root["lrs"]
+        # The best val_loss the checkpoint was saved at is one process's
+        # val_loss of the loaded model on the union of the ranks' tails.
+        assert rel(r["best"], r["ref_val_loss"]) <= RTOL, r
+        # The split evaluate of the loaded model is one process's evaluate.
+        assert rel(r["test_loss"], r["ref_test"]["loss"]) <= RTOL, r
+        acc = r["ref_test"]["sparse_categorical_accuracy"]
+        assert rel(r["test_acc"], acc) <= RTOL, r
+        assert r["test_acc"] == root["test_acc"]
+    # Training comparable with one process running the same script (the
+    # ranks' BatchNorm sees each rank's batch, so not bit for bit).
+    assert root["one_process_acc"] > 0.8, root
+    assert abs(root["test_acc"] - root["one_process_acc"]) <= 0.05, root
+    # One printer: Keras's progress and the script's prints once.
+    assert result.stdout.count("Test accuracy") == 1, result.stdout[-3000:]
+    assert result.stdout.count("Epoch 1/") == 1, result.stdout[-3000:]

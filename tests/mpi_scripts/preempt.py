@@ -7,7 +7,8 @@
   signal mid-epoch; every rank writes `DIR/ready.<rank>` (its pid) there.
   A relaunch is just `run` again (a backup is then restored).
 - BACKUP `user`: `fit` has a stock `keras.callbacks.BackupAndRestore`
-  (save_freq="epoch"); `own`: none (the library's own backup directory,
+  (save_freq="epoch"); `horovod`: a stock `ModelCheckpoint` and
+  `BackupAndRestore` appended on rank 0 only (Horovod's habit); `own`: none (the library's own backup directory,
   `KERAS_MPFP16_PREEMPTION_DIR`, set by the test).
 - an optional 4th argument `sgd`: SGD instead of Adam (another job).
 
@@ -92,6 +93,11 @@ class Steps(keras.callbacks.Callback):
 callbacks = [Steps()]
 if backup == "user":
     callbacks.append(keras.callbacks.BackupAndRestore(os.path.join(out_dir, "backup")))
+elif backup == "horovod" and rank == 0:  # a script ported from Horovod
+    callbacks.append(
+        keras.callbacks.ModelCheckpoint(os.path.join(out_dir, "checkpoint.keras"))
+    )
+    callbacks.append(keras.callbacks.BackupAndRestore(os.path.join(out_dir, "backup")))
 try:
     hist = model.fit(
         *kmp.shard(x, y),
@@ -131,6 +137,20 @@ print(
             "history": hist.history,
             "digest": h.hexdigest()[:16],
             "iterations": int(model.optimizer.iterations.numpy()),
+            # Horovod's habit: rank 0's last checkpoint, loaded on every rank
+            # right after fit, is the model fit ended with.
+            "checkpoint_is_model": (
+                backup != "horovod"
+                or all(
+                    np.array_equal(np.asarray(a), np.asarray(b))
+                    for a, b in zip(
+                        keras.models.load_model(
+                            os.path.join(out_dir, "checkpoint.keras")
+                        ).weights,
+                        model.weights,
+                    )
+                )
+            ),
         }
     ),
     flush=True,
