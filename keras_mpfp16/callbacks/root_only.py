@@ -41,7 +41,8 @@ def root_only(callback: keras.callbacks.Callback) -> keras.callbacks.Callback:
     0 only, and `BackupAndRestore` safely.) Never for callbacks that change
     training (`EarlyStopping`, `ReduceLROnPlateau`, `TerminateOnNaN`): every
     rank must take those decisions together, so run them on all ranks; they
-    see the same, global logs.
+    see the same, global logs (`fit` of a `DistributedOptimizer` model
+    refuses them on rank 0 only, on every rank, with one error).
 
     Args:
         callback: A Keras callback.
