@@ -30,6 +30,8 @@ def test_files_complete_after_fit_and_rank_zero_only_callbacks(np_, tmp_path):
             assert fit["right_after"]["backup_epoch"] == 3, (how, fit)
             assert fit["epochs"] == [0, 1, 2], (how, fit)
             assert fit["model"] == root_fit["model"], (how, r["rank"])
+        # A file rank 0 wrote at the end of a collective evaluate.
+        assert r["evaluate_report"], r["rank"]
         # A Timeline on rank 0 only: every rank recorded, rank 0 merged.
         assert r["files"][1]["trace"], r["files"][1]
         # Rank 0's BackupAndRestore (appended on rank 0 only) resumes every

@@ -32,7 +32,7 @@ import keras_mpfp16 as kmp  # noqa: E402
 
 os.chdir(sys.argv[1])
 rank, n = kmp.rank(), kmp.size()
-T, BATCH, EPOCHS = 64, 16, 12
+T, BATCH, EPOCHS = 64, 16, 20
 
 
 def make_data(rows, seed):
@@ -41,8 +41,8 @@ def make_data(rows, seed):
     labels = rng.integers(0, 2, rows)
     t = np.arange(T)[None, :]
     phase = rng.uniform(0, 2 * np.pi, (rows, 1))
-    freq = np.where(labels[:, None] == 1, 3.0, 4.0)
-    x = 0.6 * np.sin(2 * np.pi * freq * t / T + phase) + rng.normal(0, 1.0, (rows, T))
+    freq = np.where(labels[:, None] == 1, 2.0, 5.0)
+    x = np.sin(2 * np.pi * freq * t / T + phase) + rng.normal(0, 0.7, (rows, T))
     return x[..., None].astype("float32"), labels.astype("int32")
 
 
@@ -133,7 +133,7 @@ ref_callbacks = callbacks_()
 ref_callbacks[0] = keras.callbacks.ModelCheckpoint(
     f"ref_best.{rank}.keras", save_best_only=True, monitor="val_loss"
 )
-ref.fit(
+ref_history = ref.fit(
     x_train,
     y_train,
     batch_size=BATCH * n,
@@ -159,6 +159,8 @@ print(
             "test_acc": float(test_acc),
             "ref_test": {k: float(v) for k, v in ref_test.items()},
             "one_process_acc": float(ref_acc["sparse_categorical_accuracy"]),
+            "val_loss": history.history["val_loss"],
+            "ref_val_losses": ref_history.history["val_loss"],
         }
     ),
     flush=True,

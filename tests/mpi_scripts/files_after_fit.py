@@ -15,6 +15,8 @@ Parts, in one launch, each printing into this rank's one JSON line:
   after each `fit` every rank loads the checkpoint (`load_model`) and
   reads the CSV log and the backup's metadata; after a barrier it reads
   them again: both readings must agree.
+- `evaluate`: a callback in `root_only` writes a file at the end of a
+  collective `evaluate` (slowly): every rank finds it right after.
 - `resume`: (2)'s rank-0-only `BackupAndRestore` again with more epochs:
   every rank resumes at rank 0's epoch.
 - `errors`: differences that cannot be reconciled - `EarlyStopping` on
@@ -161,6 +163,27 @@ for i, how in enumerate(("every rank", "rank 0 only", "root_only")):
             "trace": os.path.exists(os.path.join(out_dir, "trace.json")),
         }
     )
+
+
+# -- evaluate: a file rank 0 writes at its end (slowly) is there on every rank --
+class EvaluationReport(keras.callbacks.Callback):
+    def __init__(self, path):
+        super().__init__()
+        self.path = path
+
+    def on_test_end(self, logs=None):
+        time.sleep(DELAY)
+        with open(self.path + ".tmp", "w") as f:
+            json.dump({k: float(v) for k, v in logs.items()}, f)
+        os.replace(self.path + ".tmp", self.path)
+
+
+report = os.path.join(out_dir, "evaluation.json")
+model.evaluate(
+    x, y, batch_size=BATCH, verbose=0,
+    callbacks=[kmp.callbacks.root_only(EvaluationReport(report))],
+)  # fmt: skip
+record["evaluate_report"] = os.path.exists(report)
 
 # -- resume: rank 0's BackupAndRestore decides the start epoch on every rank -------
 (ckpt, csv, backup), _ = writers(1)
