@@ -46,6 +46,7 @@ def allreduce_tensors(
     op: str = "sum",
     carry_preemption: bool = False,
     name: str = "allreduce",
+    channel: str = "train",
 ):
     """Reduces a few small tensors of any numeric dtype in one MPI call, in-graph.
 
@@ -60,6 +61,9 @@ def allreduce_tensors(
             same MPI call (`runtime.preemption.allreduce_carrying`; `"sum"`
             only). Every rank must pass the same value for the same call.
         name: What the call is, for stall reports.
+        channel: With `carry_preemption`, the kind of step making the call
+            (`"train"` or `"test"`): its communicator
+            (`runtime.mpi.world.channel`).
 
     Returns:
         List of reduced tensors, identical on every rank.
@@ -73,7 +77,7 @@ def allreduce_tensors(
 
     def reduce(buf):
         if carry_preemption:
-            return preemption.allreduce_carrying(buf)
+            return preemption.allreduce_carrying(buf, name=name, channel=channel)
         return collectives.allreduce(buf, op=op, name=name).astype(np.float64)
 
     out = ordered(lambda: tf.numpy_function(reduce, [flat], tf.float64, stateful=True))

@@ -15,13 +15,24 @@ What it catches, exactly:
   rank differs in every row and is caught; a change confined to rows it
   does not read (an edit to a few rows of a large array) is not;
 - a `tf.data.Dataset`: its cardinality, its element structure and the
-  bytes of its first elements: up to `LEADING_ELEMENTS` of them, stopping
-  early once `LEADING_BYTES` have been read (always at least one). The
-  pipeline runs once up to there. A dataset shuffled differently per rank
-  before `shard` is caught unless all of those elements agree by chance:
-  with one element read, an unseeded `shuffle(60)` of 60 rows fooled the
-  check once in 60 at two ranks; with eight, about once in 10^14. Later
-  elements are not read;
+  bytes of the first elements of its *pure* parts (`backend/tf_data.py`):
+  up to `LEADING_ELEMENTS` of them, stopping early once `LEADING_BYTES`
+  have been read. The data check never alters the data: a pipeline with a
+  step that keeps state between iterators (`cache`, `snapshot`, a shuffle
+  that reshuffles each epoch, a generator or `py_function`, stateful random
+  ops) is not read above that step, because a read that stops early would
+  change what it yields later (a partly read `cache()` can complete with
+  only the elements read); the pure pipeline below it (a separate
+  `Dataset` object, sharing nothing with the user's iterators) is read
+  instead. A reshuffling shuffle without a seed makes the fingerprint
+  differ between ranks (each process draws its own order). A dataset
+  shuffled differently per rank by a pure step (`reshuffle_each_iteration
+  =False`) is caught unless all of the elements read agree by chance: with
+  one element read, an unseeded `shuffle(60)` of 60 rows fooled the check
+  once in 60 at two ranks; with eight, about once in 10^14;
+- elements of every type a dataset yields: strings and bytes (their
+  bytes, length-prefixed), ragged tensors (values and row splits), sparse
+  tensors (indices, values, shape), in any nesting of dicts and tuples;
 - a `keras.utils.PyDataset`: its number of batches and its first batch;
 - a generator (in the evaluation split, which reads its first element
   and puts it back): the bytes of its first element;
@@ -69,7 +80,22 @@ def array_like(x: Any) -> bool:
     )
 
 
+def _object_crc(arr: np.ndarray, crc: int) -> int:
+    # Strings, bytes (tf.string tensors read as numpy object arrays): their
+    # bytes, each prefixed with its length (so ["ab", "c"] != ["a", "bc"]).
+    for item in arr.reshape(-1):
+        if isinstance(item, str):
+            item = item.encode("utf-8")
+        elif not isinstance(item, (bytes, bytearray)):
+            item = repr(item).encode("utf-8")
+        crc = zlib.crc32(len(item).to_bytes(8, "little"), crc)
+        crc = zlib.crc32(item, crc)
+    return crc
+
+
 def _crc(arr: np.ndarray, crc: int = 0) -> int:
+    if arr.dtype == object:
+        return _object_crc(arr, crc)
     if arr.nbytes > FULL_HASH_BYTES and arr.ndim > 0 and arr.shape[0] > 1:
         # Sample before copying: a strided view of a large array would
         # otherwise be copied whole first.
@@ -79,13 +105,26 @@ def _crc(arr: np.ndarray, crc: int = 0) -> int:
     return zlib.crc32(arr.view(np.uint8).reshape(-1), crc)
 
 
+def _arrays(leaf: Any) -> list[np.ndarray]:
+    """The numpy arrays that hold a leaf's values: a ragged tensor's values
+    and row splits, a sparse tensor's indices, values and shape, or the
+    leaf itself."""
+    if hasattr(leaf, "flat_values") and hasattr(leaf, "nested_row_splits"):
+        return [np.asarray(leaf.flat_values)] + [
+            np.asarray(s) for s in leaf.nested_row_splits
+        ]
+    if all(hasattr(leaf, a) for a in ("indices", "values", "dense_shape")):
+        return [np.asarray(a) for a in (leaf.indices, leaf.values, leaf.dense_shape)]
+    return [np.asarray(leaf)]
+
+
 def fingerprint_arrays(*structures) -> tuple:
     """Shapes, dtypes and a CRC-32 of the bytes of every array in `structures`."""
     crc, shapes = 0, []
     for leaf in (leaf for s in structures for leaf in leaves(s)):
-        arr = np.asarray(leaf)
-        shapes.append((arr.shape, arr.dtype.str))
-        crc = _crc(arr, crc)
+        for arr in _arrays(leaf):
+            shapes.append((arr.shape, arr.dtype.str))
+            crc = _crc(arr, crc)
     return ("arrays", tuple(shapes), crc)
 
 
@@ -99,18 +138,40 @@ def leading_elements_crc(
     """CRC-32 of the first elements of `iterable` and how many were read.
 
     Reads at least one element and stops after `max_elements`, or earlier
-    once `max_bytes` have been hashed.
+    once `max_bytes` have been hashed. Never given a `tf.data.Dataset` that
+    is not pure (`dataset_crc` reads those).
     """
     crc, count, nbytes = 0, 0, 0
     for element in iterable:
         for leaf in leaves(element):
-            arr = np.asarray(leaf)
-            crc = _crc(arr, crc)
-            nbytes += arr.nbytes
+            for arr in _arrays(leaf):
+                crc = _crc(arr, crc)
+                nbytes += arr.nbytes
         count += 1
         if count >= max_elements or nbytes >= max_bytes:
             break
     return crc, count
+
+
+def dataset_crc(dataset) -> tuple:
+    """What the fingerprint reads of a `tf.data.Dataset`, without altering it.
+
+    The first elements of its pure parts (`backend/tf_data.py`), each read
+    through `take` so that the read ends where the part's iterator ends; the
+    stateful steps above them are named, not read.
+    """
+    from keras_mpfp16.backend import tf_data  # TensorFlow is loaded: x is a Dataset
+
+    reading = tf_data.pure_parts(dataset)
+    crcs, left = [], LEADING_ELEMENTS
+    for part in reading.parts:
+        if left <= 0:
+            break
+        crc, count = leading_elements_crc(part.take(left), max_elements=left)
+        crcs.append((repr(part.element_spec), crc, count))
+        left -= max(count, 1)
+    unseeded = ("unseeded shuffle", runtime.rank()) if reading.unseeded_shuffle else ()
+    return (tuple(crcs), tuple(reading.stateful), unseeded)
 
 
 def fingerprint(x: Any, y: Any = None, sample_weight: Any = None) -> tuple:
@@ -122,7 +183,7 @@ def fingerprint(x: Any, y: Any = None, sample_weight: Any = None) -> tuple:
         return fingerprint_arrays(x, y, sample_weight)
     if is_tf_dataset(x):
         card = int(x.cardinality())
-        return ("tf.data", card, repr(x.element_spec), leading_elements_crc(x))
+        return ("tf.data", card, repr(x.element_spec), dataset_crc(x))
     if isinstance(x, keras.utils.PyDataset):
         n = x.num_batches
         first = first_element_crc([x[0]]) if n else 0

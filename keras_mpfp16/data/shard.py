@@ -241,8 +241,10 @@ def shard(
             process): one allreduce of a digest of a fingerprint of the data
             (`keras_mpfp16.data.fingerprint`: shapes, dtypes and a CRC-32 of
             the bytes - of evenly spaced rows beyond 64 MiB per array; for a
-            `tf.data.Dataset` its length, structure and first elements; for a
-            `PyDataset` its length and first batch). Pass False for data that
+            `tf.data.Dataset` its length, structure and first elements, read
+            only where reading cannot change what it yields later (below a
+            `cache`, a reshuffling `shuffle`, a generator: the pipeline under
+            it); for a `PyDataset` its length and first batch). Pass False for data that
             differs across ranks on purpose (each rank loads its own files);
             every rank must pass the same value.
 

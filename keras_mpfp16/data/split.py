@@ -26,6 +26,8 @@ Only inputs that cannot be fingerprinted (anything else, e.g. a torch
 `DataLoader`) are taken as each rank's own data. A generator or a dataset
 whose *first* batch differs between ranks is taken as each rank's own data
 too (e.g. shuffled without a common seed): each rank's batches count once.
+The fingerprint never changes what the data yields afterwards
+(`data/fingerprint.py`, `backend/tf_data.py`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Every private TensorFlow access of keras_mpfp16, behind named accessors.
 
-Imported only by the TensorFlow bridge (`keras_mpfp16/backend/tensorflow.py`),
-the one module that handles TensorFlow tensors. Same rules as
+Imported only by the TensorFlow bridge modules (`keras_mpfp16/backend/`),
+the code that handles TensorFlow objects. Same rules as
 `internals/keras.py`: resolved at import, one `KerasInternalsError` naming
 the installed versions and the feature affected if anything is missing,
 `check()` probes each accessor.
@@ -46,6 +46,22 @@ try:
     ).context_safe
 except (ImportError, AttributeError) as exc:  # pragma: no cover - TF version
     _import_problems.append((DEVICES_INITIALIZED, f"{type(exc).__name__}: {exc}"))
+
+DATASET_GRAPH = Internal(
+    accessor="tensorflow.dataset_graph",
+    internal="tf.data.Dataset._inputs() / _functions() (their traced "
+    "ConcreteFunction .graph), a shuffle's _reshuffle_each_iteration / _seed / "
+    "_seed2, and tensorflow.python.framework.op_def_registry.get",
+    feature="the data check's read of a tf.data pipeline (shard, the evaluation "
+    "split): which parts can be read without changing what the pipeline yields",
+)
+REGISTRY[DATASET_GRAPH.accessor] = DATASET_GRAPH
+try:
+    _op_def_get = importlib.import_module(
+        "tensorflow.python.framework.op_def_registry"
+    ).get
+except (ImportError, AttributeError) as exc:  # pragma: no cover - TF version
+    _import_problems.append((DATASET_GRAPH, f"{type(exc).__name__}: {exc}"))
 
 if _import_problems:
     raise KerasInternalsError(_import_problems)
@@ -108,12 +124,64 @@ def _probe_devices_initialized() -> None:
         raise AssertionError("devices_initialized() is False after an operation")
 
 
+def dataset_inputs(dataset) -> list:
+    """The datasets `dataset` reads from (its direct inputs), in order."""
+    return list(dataset._inputs())
+
+
+def dataset_function_ops(dataset) -> list[str]:
+    """The op types in the functions `dataset` runs (map, filter, flat_map, ...),
+    nested functions included (a traced function's graph carries its library)."""
+    names = []
+    for wrapper in dataset._functions():
+        graph_def = wrapper.function.graph.as_graph_def()
+        names += [node.op for node in graph_def.node]
+        for function in graph_def.library.function:
+            names += [node.op for node in function.node_def]
+    return names
+
+
+def op_is_stateful(op_type: str) -> bool:
+    """Whether TensorFlow registers `op_type` as stateful (unknown: True)."""
+    op_def = _op_def_get(op_type)
+    return True if op_def is None else bool(op_def.is_stateful)
+
+
+def shuffle_settings(dataset) -> tuple[bool, bool]:
+    """`(reshuffle_each_iteration, seeded)` of a `Dataset.shuffle` result.
+
+    Unseeded (no `seed`, no global seed) is the two seeds 0: each process
+    draws its own order.
+    """
+    seeds = (int(dataset._seed), int(dataset._seed2))
+    return bool(dataset._reshuffle_each_iteration), seeds != (0, 0)
+
+
+def _probe_dataset_graph() -> None:
+    base = tf.data.Dataset.range(4)
+    mapped = base.map(tf.strings.as_string)
+    if [type(d).__name__ for d in dataset_inputs(mapped)] != [type(base).__name__]:
+        raise AssertionError("dataset_inputs(map) does not name its input")
+    if "AsString" not in dataset_function_ops(mapped):
+        raise AssertionError("dataset_function_ops(map) misses AsString")
+    if op_is_stateful("AsString") or not op_is_stateful("PyFunc"):
+        raise AssertionError("op_is_stateful: AsString/PyFunc wrong")
+    if shuffle_settings(base.shuffle(4)) != (True, False):
+        raise AssertionError("shuffle_settings of an unseeded shuffle")
+    if shuffle_settings(base.shuffle(4, seed=1, reshuffle_each_iteration=False)) != (
+        False,
+        True,
+    ):
+        raise AssertionError("shuffle_settings of a seeded shuffle")
+
+
 def check() -> dict[str, str | None]:
     """`{accessor: None}` if it works as the package needs, else what went wrong."""
     results: dict[str, str | None] = {}
     for internal, probe in (
         (IN_XLA_CONTEXT, _probe_in_xla_context),
         (DEVICES_INITIALIZED, _probe_devices_initialized),
+        (DATASET_GRAPH, _probe_dataset_graph),
     ):
         try:
             probe()
@@ -124,4 +192,13 @@ def check() -> dict[str, str | None]:
     return results
 
 
-__all__ = ["REGISTRY", "check", "devices_initialized", "in_xla_context"]
+__all__ = [
+    "REGISTRY",
+    "check",
+    "dataset_function_ops",
+    "dataset_inputs",
+    "devices_initialized",
+    "in_xla_context",
+    "op_is_stateful",
+    "shuffle_settings",
+]

@@ -148,13 +148,20 @@ class MetricReduction:
 
     # -- the in-step reduction -----------------------------------------------------
 
-    def _reduce(self, flat):
+    def _reduce(self, flat, training: bool = True):
         bridge = backends.bridge()
+        # Train and test steps reduce on separate communicators: a rank in a
+        # validation step never meets another's train step (different sizes).
+        kind = "train" if training else "test"
         return ops.cond(
             ops.greater(self.active, 0),
-            lambda: bridge.allreduce_tensors([flat], op="sum", carry_preemption=True)[
-                0
-            ],
+            lambda: bridge.allreduce_tensors(
+                [flat],
+                op="sum",
+                carry_preemption=True,
+                name=f"metric reduction ({kind} step)",
+                channel=kind,
+            )[0],
             lambda: flat,
         )
 
@@ -187,7 +194,7 @@ class MetricReduction:
             parts.append(ops.reshape(onehot * row[None, :], [-1]))
         # The last entry is 1: "this rank ran a step" (see `_finish_evaluation`).
         parts.append(ops.ones((1,), "float64"))
-        summed = self._reduce(ops.concatenate(parts))
+        summed = self._reduce(ops.concatenate(parts), training)
         offset = 0
         for v, s in zip(variables, state):
             size = math.prod(v.shape)
@@ -268,7 +275,9 @@ class MetricReduction:
             # The same call (and collective name, for the stall inspector) as
             # the in-step reduction in `allreduce_tensors`, which it matches,
             # with the preemption flag too.
-            summed = preemption.allreduce_carrying(zeros)
+            summed = preemption.allreduce_carrying(
+                zeros, name="metric reduction (test step)", channel="test"
+            )
             if summed[-1] == 0:
                 return
             offset = 0

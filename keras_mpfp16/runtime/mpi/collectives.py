@@ -161,17 +161,21 @@ def divide_by_size(out: np.ndarray, n: int) -> None:
 # `cuda.DLPackBuffer` views of framework tensors (host or device memory).
 
 
+# They are the train step's gradient collectives: they run on the "train"
+# channel (`world.channel`), where no other kind of collective can match them.
+
+
 def allreduce_sum_into(send, recv, name: str) -> None:
     """`recv` = element-wise sum of every rank's `send` (same dtype and size)."""
     w = world()
     with observers.collective(name):
-        w.comm.Allreduce(send, recv, op=w.mpi.SUM)
+        world_module.channel("train").Allreduce(send, recv, op=w.mpi.SUM)
 
 
 def alltoall_into(send, recv, name: str) -> None:
     """Rank r receives every rank's r-th equal block of `send`, in rank order."""
     with observers.collective(name):
-        world().comm.Alltoall(send, recv)
+        world_module.channel("train").Alltoall(send, recv)
 
 
 def allgather_into(
@@ -184,7 +188,7 @@ def allgather_into(
     that keeps TCP links busy); otherwise MPI's `Allgather`.
     `ring_min_bytes` overrides `ring.RING_MIN_BYTES` (tests use 0).
     """
-    comm = world().comm
+    comm = world_module.channel("train")
     with observers.collective(name):
         if block_bytes is None:
             comm.Allgather(send, recv)
@@ -196,7 +200,9 @@ def ring_reduce_scatter(own_row, add, empty_row, buffer, name: str):
     """This rank's owned row of a ring reduce-scatter (`ring.reduce_scatter`:
     the caller's codec adds, this moves the rows between neighbours)."""
     with observers.collective(name):
-        return ring.reduce_scatter(world().comm, own_row, add, empty_row, buffer)
+        return ring.reduce_scatter(
+            world_module.channel("train"), own_row, add, empty_row, buffer
+        )
 
 
 def allgatherv_bytes(send: np.ndarray, recv: np.ndarray, counts, name: str) -> None:
@@ -205,11 +211,33 @@ def allgatherv_bytes(send: np.ndarray, recv: np.ndarray, counts, name: str) -> N
     counts = [int(c) for c in counts]
     displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
     byte = w.mpi.BYTE
-    with observers.collective(name):
-        w.comm.Allgatherv(
-            [send.view(np.uint8).reshape(-1), byte],
-            [recv.view(np.uint8).reshape(-1), (counts, displs), byte],
+    recv_bytes = recv.view(np.uint8).reshape(-1)
+    if sum(counts) > recv_bytes.size or counts[w.comm.Get_rank()] != send.nbytes:
+        # mpi4py passes explicit counts as they are: MPI would write past
+        # the end of `recv`.
+        raise ValueError(
+            f"allgatherv_bytes: counts {counts} do not fit a receive buffer of "
+            f"{recv_bytes.size} bytes and a send of {send.nbytes} bytes."
         )
+    with observers.collective(name):
+        world_module.channel("train").Allgatherv(
+            [send.view(np.uint8).reshape(-1), byte],
+            [recv_bytes, (counts, displs), byte],
+        )
+
+
+def allreduce_step_sum(buf: np.ndarray, channel: str, name: str) -> np.ndarray:
+    """The sum over ranks of a float64 buffer made in a train or test step
+    (the metric reduction), on that step's channel (`world.channel`)."""
+    send = np.ascontiguousarray(np.asarray(buf, np.float64).reshape(-1))
+    out = np.empty_like(send)
+    comm = world_module.channel(channel)
+    if comm.Get_size() == 1:
+        out[...] = send
+        return out
+    with observers.collective(name):
+        comm.Allreduce(send, out, op=world().mpi.SUM)
+    return out
 
 
 def allgather(x: Any) -> np.ndarray:
@@ -379,6 +407,7 @@ __all__ = [
     "allgather_into",
     "allgatherv_bytes",
     "allreduce_flat",
+    "allreduce_step_sum",
     "allreduce_sum_into",
     "alltoall_into",
     "ring_reduce_scatter",

@@ -32,6 +32,10 @@ class _World:
     comm: Any  # private duplicate of the user's communicator
     local_comm: Any  # ranks of `comm` that share this node
     user_comm: Any  # what the user passed (or COMM_WORLD)
+    # The in-step collectives, one communicator per kind of step (see
+    # `channel`): a collective on one can never match one on another.
+    train_comm: Any = None
+    test_comm: Any = None
 
 
 _world: _World | None = None
@@ -123,7 +127,10 @@ def init(comm: Any = None) -> None:
         # user sends on the same communicator.
         private = comm.Dup()
         local = private.Split_type(MPI.COMM_TYPE_SHARED, key=private.Get_rank())
-        old, _world = _world, _World(MPI, private, local, comm)
+        old, _world = (
+            _world,
+            _World(MPI, private, local, comm, private.Dup(), private.Dup()),
+        )
         if old is not None:
             _free(old)
         # The job's services (stall inspector, evaluate rendezvous, abort on
@@ -146,7 +153,9 @@ def _check_launcher(MPI) -> None:
 
 
 def _free(world: _World) -> None:
-    for c in (world.local_comm, world.comm):
+    for c in (world.train_comm, world.test_comm, world.local_comm, world.comm):
+        if c is None:
+            continue
         try:
             c.Free()
         except Exception:  # already freed or MPI finalised; nothing to do
@@ -173,6 +182,36 @@ def world() -> _World:
         init()
     assert _world is not None
     return _world
+
+
+CHANNELS = ("train", "test")
+
+
+def channel(name: str) -> Any:
+    """The communicator of one kind of in-step collective.
+
+    `"train"`: everything a train step reduces (gradient buckets, sparse
+    slices, the metric reduction); `"test"`: a test step's metric reduction.
+    Everything else uses `world().comm`. MPI matches collectives by order
+    on a communicator, whatever their sizes: ranks that disagree about
+    where they are (one rank out of data in a validation step while the
+    others still train) would otherwise meet in collectives of different
+    sizes: a rank receiving more bytes than its buffer holds gets
+    `MPI_ERR_TRUNCATE` (measured), and MPI leaves mismatched collectives
+    undefined (issue 38 reported a corrupted heap, glibc
+    `malloc_consolidate()`, in such a job). On separate
+    communicators such calls never match: the ranks wait, and the stall
+    inspector ends the job with "the ranks wait in different collectives".
+    Within one channel every call of a step has the same size on every rank
+    (the same model; checked at the start of `fit`), and the train steps'
+    numbers are checked in the first bucket.
+    """
+    w = world()
+    if name == "train":
+        return w.train_comm
+    if name == "test":
+        return w.test_comm
+    raise ValueError(f"channel {name!r} is not one of {', '.join(CHANNELS)}.")
 
 
 def mpi_comm() -> Any:

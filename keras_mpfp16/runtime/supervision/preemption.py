@@ -140,15 +140,19 @@ def exiting() -> bool:
     return failure.preempted_exit()
 
 
-def allreduce_carrying(buf: np.ndarray, name: str = "allreduce") -> np.ndarray:
+def allreduce_carrying(
+    buf: np.ndarray, name: str = "allreduce", channel: str = "train"
+) -> np.ndarray:
     """The sum over ranks of a float64 buffer, carrying this rank's request flag.
 
     Every rank must use it for the same collectives (it adds one element to
     each rank's buffer). Returns the summed buffer without the flag.
+    `channel`: the kind of step making it (`"train"` or `"test"`), whose
+    communicator it runs on (`runtime.mpi.world.channel`).
     """
     flag = 1.0 if (_state["active"] and _state["requested"] is not None) else 0.0
     send = np.concatenate([np.asarray(buf, np.float64).reshape(-1), [flag]])
-    out = collectives.allreduce(send, op="sum", name=name)
+    out = collectives.allreduce_step_sum(send, channel, name)
     if _state["active"] and out[-1] > 0:
         _state["agreed"] = True
     return out[:-1]
