@@ -49,10 +49,12 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,
     )
-    from keras_mpfp16 import __version__
+    import keras_mpfp16
 
     parser.add_argument(
-        "--version", action="version", version=f"keras-mpfp16 {__version__}"
+        "--version",
+        action="version",
+        version=f"keras-mpfp16 {keras_mpfp16.__version__}",
     )
     parser.add_argument(
         "command", metavar="COMMAND", choices=list(TOOLS), help=argparse.SUPPRESS

@@ -304,11 +304,9 @@ examples:
 def _parser(prog: str) -> argparse.ArgumentParser:
     """`kmp-launch`'s options: they come before the launcher; everything from
     the launcher on is run as given."""
-    from keras_mpfp16 import __version__
-
     parser = argparse.ArgumentParser(
         prog=prog,
-        usage=f"{prog} [-h] [--version] [--max-restarts K] [--] LAUNCHER [ARG ...]",
+        usage=f"{prog} [-h] [--max-restarts K] [--] LAUNCHER [ARG ...]",
         description="Runs a launcher command (mpirun, mpiexec, srun) and ends the "
         "job when a node is lost: the ranks' heartbeats name the lost rank, the "
         "wrapper kills the launcher (which would wait forever) and exits "
@@ -325,9 +323,6 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         help="relaunch a job that lost a node (lost hosts dropped from --host/"
         "--hostfile, -np lowered) or whose launcher was killed by a signal, up "
         "to K times (default 0: never)",
-    )
-    parser.add_argument(
-        "--version", action="version", version=f"%(prog)s (keras-mpfp16) {__version__}"
     )
     parser.add_argument(
         "command",
