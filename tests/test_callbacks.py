@@ -18,8 +18,8 @@ from keras_mpfp16.callbacks import (
     ScaledLearningRate,
     root_only,
     scaled_learning_rate,
-    temporary_path,
 )
+from keras_mpfp16.callbacks.checkpoint import temporary_path
 from keras_mpfp16.internals.keras import get_learning_rate_slot
 from keras_mpfp16.sync import step_hooks
 

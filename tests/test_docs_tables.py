@@ -6,6 +6,7 @@ it (no training, a second or two) and check that it catches a wrong table, a
 wrong figure in the prose and a command that does not match its file.
 """
 
+import json
 import shutil
 import subprocess
 import sys
@@ -150,3 +151,60 @@ def test_check_covers_the_readme_benchmark_table(docs_copy):
     tamper(readme, "<!-- table:readme -->", "")
     result = report(docs_copy / "benchmarks", "--check")
     assert "table readme is not placed in any page" in result.stdout
+
+
+def _edit_json(path: Path, edit) -> None:
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))
+
+
+def _readme_row(readme: Path, start: str) -> str:
+    (row,) = [ln for ln in readme.read_text().splitlines() if ln.startswith(start)]
+    return row
+
+
+def test_readme_cluster_rows_span_every_node_count_measured(docs_copy):
+    """The 16-bit-wire and sparse-gradient rows show the range over every
+    node count in their JSON, not the best one: a 4-node figure changed in
+    the JSON changes the README's row (it did not when the rows were read
+    from the 2-node jobs only)."""
+    readme = docs_copy.parent / "README.md"
+    wire = _readme_row(readme, "| emulated 2–4 nodes at 1 Gbit/s: 16-bit wire")
+    assert "2 nodes 0.46–0.53×" in wire and "4 nodes 0.83×" in wire, wire
+    assert "| 0.46–0.83× |" in wire, wire
+    sparse = _readme_row(readme, "| emulated 2 and 4 nodes at 1 Gbit/s: IMDB-shaped")
+    assert "| 0.95–2.41× |" in sparse, sparse
+
+    def four_nodes(name, key, value):
+        def edit(data):
+            for job in data["jobs"]:
+                if job["nodes"] == 4 and job.get("rate") == "1gbit":
+                    if job["name"] in ("dense", "imdb"):
+                        job["ratios"][key] = value
+
+        _edit_json(docs_copy / "benchmarks" / name, edit)
+
+    four_nodes("cluster_main.json", "f16/f32 step", 0.97)
+    four_nodes("cluster_sparse.json", "dense/sparse step", 0.5)
+    result = report(docs_copy / "benchmarks", "--check")
+    assert result.returncode == 1, result.stdout
+    assert "+| emulated 2–4 nodes at 1 Gbit/s: 16-bit wire" in result.stdout
+    assert "4 nodes 0.83–0.97×) | 0.46–0.97× |" in result.stdout
+    assert "(2 nodes 2.41×, 4 nodes 0.50×) | 0.50–2.41× |" in result.stdout
+
+
+def test_readme_horovod_np2_row_is_read_from_its_json(docs_copy):
+    readme = docs_copy.parent / "README.md"
+    row = _readme_row(readme, "| np=2, benchmark model: ours ÷ Horovod 0.28.1")
+    assert "| 1.62–1.68× | 5 |" in row, row
+    assert "(1.11× of it is the single process" in row, row
+
+    def edit(data):
+        data["median_ratios"]["ours_f16_over_hvd_f16"] = 1.5
+
+    _edit_json(docs_copy / "benchmarks" / "horovod.json", edit)
+    result = report(docs_copy / "benchmarks", "--check")
+    assert result.returncode == 1, result.stdout
+    assert "README.md: table readme differs from its JSON" in result.stdout
+    assert "| 1.50–1.68× | 5 |" in result.stdout

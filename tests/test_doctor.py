@@ -70,6 +70,7 @@ def test_doctor_flags_a_launcher_mismatch():
     assert "srun --mpi=pmix" in proc.stdout
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("np_", [2, 3])
 def test_doctor_under_mpirun(np_):
     result = run_mpi(np_, "doctor_main.py", "--json", "--large-mb", "4", timeout=300)
@@ -93,6 +94,7 @@ def test_doctor_under_mpirun(np_):
         assert "oversubscribed" in report["problems"][0]["what"]
 
 
+@pytest.mark.mpi
 def test_doctor_flags_oversubscribed_threads_under_mpirun():
     result = run_mpi(
         2,

@@ -229,9 +229,19 @@ def test_keras_float32_layer_equals_our_loop_outputs_and_gradients(
 # -- TF32 ---------------------------------------------------------------------
 
 
-def test_tf32_notice_once_on_a_gpu_with_tf32(mixed_float16, monkeypatch, caplog):
+@pytest.fixture
+def tf32_gpu(monkeypatch):
+    """Rank 0 of a job on an Ampere GPU with TF32 on, the notice not yet given."""
     monkeypatch.setattr(dispatch, "gpu_query", lambda: True)
+    monkeypatch.setattr(dispatch, "tf32_query", lambda: True)
+    monkeypatch.setattr(dispatch, "capability_query", lambda: (8, 0))
+    monkeypatch.setattr(dispatch, "rank_query", lambda: 0)
     monkeypatch.setattr(dispatch, "_tf32_noticed", False)
+
+
+def test_tf32_notice_once_on_a_gpu_with_tf32(
+    mixed_float16, tf32_gpu, monkeypatch, caplog
+):
     monkeypatch.setattr(dispatch, "tf32_query", lambda: False)
     assert not dispatch.notice_tf32("cudnn-float32", "float32", "float32")
     monkeypatch.setattr(dispatch, "tf32_query", lambda: True)
@@ -244,9 +254,54 @@ def test_tf32_notice_once_on_a_gpu_with_tf32(mixed_float16, monkeypatch, caplog)
     assert "enable_tensor_float_32_execution(False)" in record.getMessage()
 
 
+@pytest.mark.parametrize(
+    "capability, applies",
+    [
+        ((7, 0), False),  # V100: TensorFlow says TF32 is on; it has none
+        ((7, 5), False),  # T4
+        ((8, 0), True),  # A100
+        ((8, 6), True),
+        ((9, 0), True),  # H100
+        (None, True),  # not reported: it may apply, so say it
+    ],
+)
+def test_tf32_notice_only_where_the_gpu_has_tf32(
+    mixed_float16, tf32_gpu, monkeypatch, caplog, capability, applies
+):
+    monkeypatch.setattr(dispatch, "capability_query", lambda: capability)
+    assert dispatch.tf32_applies() is applies
+    with caplog.at_level(logging.WARNING, logger="keras_mpfp16.layers"):
+        assert dispatch.notice_tf32("loop", "float32", "float32") is applies
+    assert len(caplog.records) == int(applies)
+
+
+def test_tf32_notice_on_rank_0_only(mixed_float16, tf32_gpu, monkeypatch, caplog):
+    """One copy per job: every rank builds the same model."""
+    with caplog.at_level(logging.WARNING, logger="keras_mpfp16.layers"):
+        for rank in (3, 1):
+            monkeypatch.setattr(dispatch, "rank_query", lambda: rank)
+            monkeypatch.setattr(dispatch, "_tf32_noticed", False)
+            assert not dispatch.notice_tf32("cudnn-float32", "float32", "float32")
+            assert not caplog.records
+        monkeypatch.setattr(dispatch, "rank_query", lambda: 0)
+        monkeypatch.setattr(dispatch, "_tf32_noticed", False)
+        assert dispatch.notice_tf32("cudnn-float32", "float32", "float32")
+    assert len(caplog.records) == 1
+
+
+def test_tf32_notice_asks_the_rank_without_mpi(monkeypatch):
+    """The default rank seam is the launcher's rank (no collective call: a
+    layer may be built on one rank alone)."""
+    from keras_mpfp16.runtime.mpi import world
+
+    assert dispatch.rank_query is world.launched_rank
+
+
 def test_no_tf32_notice_on_a_cpu(monkeypatch):
     monkeypatch.setattr(dispatch, "gpu_query", lambda: False)
     monkeypatch.setattr(dispatch, "tf32_query", lambda: True)
+    monkeypatch.setattr(dispatch, "capability_query", lambda: (8, 0))
+    monkeypatch.setattr(dispatch, "rank_query", lambda: 0)
     monkeypatch.setattr(dispatch, "_tf32_noticed", False)
     assert not dispatch.notice_tf32("loop", "float32", "float32")
 

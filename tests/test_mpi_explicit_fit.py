@@ -11,6 +11,8 @@ training loop matches one process. The job is tests/mpi_scripts/explicit_fit.py.
 import pytest
 from mpi_launch import run_mpi
 
+pytestmark = pytest.mark.mpi  # every test here runs the module's mpirun jobs
+
 PATCHED = ("wrapped", "framework", "super", "callbacklist", "bypass")
 
 

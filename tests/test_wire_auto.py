@@ -84,6 +84,7 @@ def _trace(tmp_path):
     return data["traceEvents"] if isinstance(data, dict) else data
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("np_", [2, 3])
 def test_ranks_measuring_different_times_apply_one_decision(np_, tmp_path):
     recs, res = _run(np_, "split", tmp_path)
@@ -96,6 +97,7 @@ def test_ranks_measuring_different_times_apply_one_decision(np_, tmp_path):
     assert res.stderr.count("wire_dtype='auto' chose float32") == 1  # rank 0, once
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("np_", [2, 3])
 def test_a_float16_decision_retraces_the_step_and_shows_in_the_timeline(np_, tmp_path):
     recs, _ = _run(np_, "f16", tmp_path)
@@ -118,6 +120,7 @@ def test_a_float16_decision_retraces_the_step_and_shows_in_the_timeline(np_, tmp
     assert wires[0] == "float32" and wires[-1] == "float16"
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("np_", [2, 3])
 def test_whole_steps_overrule_the_reductions(np_, tmp_path):
     # The reductions favour float16; whole train steps (injected, different
@@ -142,6 +145,7 @@ def test_whole_steps_overrule_the_reductions(np_, tmp_path):
     assert "float16" in wires and wires[0] == wires[-1] == "float32"
 
 
+@pytest.mark.mpi
 def test_pinned_wire_is_used_without_measuring(tmp_path):
     recs, _ = _run(2, "pin", tmp_path, env={"KERAS_MPFP16_WIRE_AUTO": "bfloat16"})
     assert {r["effective"] for r in recs} == {"bfloat16"}
@@ -149,6 +153,7 @@ def test_pinned_wire_is_used_without_measuring(tmp_path):
     assert "pinned" in recs[0]["decision"]["reason"]
 
 
+@pytest.mark.mpi
 def test_sparse_only_model_stays_on_float32_without_measuring(tmp_path):
     recs, _ = _run(2, "sparse", tmp_path)
     assert {r["effective"] for r in recs} == {"float32"}
@@ -156,6 +161,7 @@ def test_sparse_only_model_stays_on_float32_without_measuring(tmp_path):
     assert "no dense gradients" in recs[0]["decision"]["reason"]
 
 
+@pytest.mark.mpi
 def test_real_probe_measures_both_wires_and_agrees(tmp_path):
     recs, _ = _run(2, "real", tmp_path)
     d = recs[0]["decision"]

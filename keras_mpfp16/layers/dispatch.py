@@ -17,8 +17,10 @@ Four paths (`PATHS`):
   fused path with the carry in the compute dtype, as documented before.
 
 `choose_path` is the decision, a pure function of its arguments. Whether a
-GPU is present is read through `gpu_query`, and whether TF32 is on through
-`tf32_query`: module attributes, so a test on a CPU can set them.
+GPU is present is read through `gpu_query`, whether TF32 is on through
+`tf32_query`, the GPUs' compute capability through `capability_query` and
+this process's rank through `rank_query`: module attributes, so a test on a
+CPU can set them.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from keras import activations, ops
 from keras import config as keras_config
 
 from keras_mpfp16.backend import devices
+from keras_mpfp16.runtime.mpi import world
 
 PATHS = ("keras", "loop", "cudnn-float32", "cudnn-compute")
 
@@ -48,11 +51,38 @@ def _tensorflow_tf32_enabled() -> bool:
     return bool(tf.config.experimental.tensor_float_32_execution_enabled())
 
 
+def _tensorflow_compute_capability() -> tuple[int, int] | None:
+    """The highest compute capability among TensorFlow's GPUs, or None when
+    no GPU reports one."""
+    try:
+        import tensorflow as tf
+    except ImportError:
+        return None
+    found = []
+    for gpu in tf.config.list_physical_devices("GPU"):
+        try:
+            capability = tf.config.experimental.get_device_details(gpu).get(
+                "compute_capability"
+            )
+        except (RuntimeError, ValueError):
+            capability = None
+        if capability:
+            found.append(tuple(int(v) for v in capability))
+    return max(found) if found else None
+
+
 # The seams.
 gpu_query = _tensorflow_gpu_present
 tf32_query = _tensorflow_tf32_enabled
+capability_query = _tensorflow_compute_capability
+rank_query = world.launched_rank  # no MPI call
+
+# TF32 exists from compute capability 8.0 on (Ampere); before it, TensorFlow
+# may report TF32 "enabled" but the products are float32.
+TF32_MIN_CAPABILITY = (8, 0)
 
 _cached_gpu: bool | None = None
+_cached_capability: tuple[int, int] | None | tuple[()] = ()  # (): not asked yet
 
 
 def gpu_present() -> bool:
@@ -130,18 +160,40 @@ TF32_NOTICE = (
 )
 
 
+def tf32_applies() -> bool:
+    """Whether TensorFlow's TF32 changes this process's float32 products: a
+    GPU with compute capability 8.0 or later (Ampere on) and TF32 on. A GPU
+    whose capability TensorFlow does not report counts as one with TF32."""
+    if not gpu_present() or not tf32_query():
+        return False
+    global _cached_capability
+    if capability_query is not _tensorflow_compute_capability:
+        capability = capability_query()  # a test's seam: never cached
+    else:
+        if _cached_capability == ():
+            _cached_capability = capability_query()
+        capability = _cached_capability
+    return capability is None or tuple(capability) >= TF32_MIN_CAPABILITY
+
+
 def notice_tf32(path: str, input_precision: str, recurrent_precision: str) -> bool:
-    """Logs `TF32_NOTICE` once per process where it applies; True if logged now.
+    """Logs `TF32_NOTICE` once per job where it applies; True if logged now.
 
     It applies on a GPU path or the loop on a GPU, with a float32 product,
-    while TensorFlow's TF32 is on.
+    while TensorFlow's TF32 is on and the GPU has it (compute capability 8.0
+    or later, `tf32_applies`). Every rank runs the same model, so only rank
+    0 logs it (one copy per job, not one per rank); asked without an MPI
+    call.
     """
     global _tf32_noticed
     if _tf32_noticed or path == "keras":
         return False
     if "float32" not in (input_precision, recurrent_precision):
         return False
-    if not gpu_present() or not tf32_query():
+    if rank_query() != 0:
+        _tf32_noticed = True  # decided: never this rank
+        return False
+    if not tf32_applies():
         return False
     _tf32_noticed = True
     logger.warning(TF32_NOTICE)

@@ -36,6 +36,8 @@ with `-m`).
 
 from __future__ import annotations
 
+import argparse
+import difflib
 import os
 import re
 import shutil
@@ -270,25 +272,113 @@ def _run_once(argv: list[str], grace: float) -> tuple[int, str]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def main() -> None:
-    argv = sys.argv[1:]
-    restarts = 0
-    if argv and argv[0].startswith("--max-restarts"):
-        value = argv[0].partition("=")[2] if "=" in argv[0] else None
-        if value is None:
-            value = argv[1] if len(argv) > 1 else ""
-            argv = argv[2:]
-        else:
-            argv = argv[1:]
-        if not value.isdigit():
-            raise SystemExit(
-                f"keras_mpfp16.runtime.launch: --max-restarts must be a whole "
-                f"number >= 0; received {value!r}."
+def _restarts(value: str) -> int:
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError(
+            f"--max-restarts must be a whole number >= 0; received {value!r}."
+        )
+    return int(value)
+
+
+_HELP_EPILOG = f"""\
+what it passes to the job:
+  {VERDICT_ENV}
+      the path of a file a rank writes when its heartbeats declare another
+      rank or node lost (added as `-x {VERDICT_ENV}` to Open MPI's
+      mpirun/mpiexec; MPICH / Intel MPI's mpiexec and Slurm's srun pass the
+      environment on by themselves). Set by the wrapper, not by users.
+  signals: SIGINT, SIGUSR1, SIGUSR2 are passed on to the launcher; SIGTERM
+      is passed on as SIGUSR1 (the ranks stop at a step and save).
+
+exit status:
+  the launcher's (128+n if it was killed by signal n); {NODE_LOST_EXIT_CODE} when the job
+  lost a node (the verdict is printed); 127 when the launcher is not found;
+  126 when it is not executable; 2 for a bad option.
+
+examples:
+  kmp-launch mpirun -np 4 --hostfile hosts python train.py
+  kmp-launch --max-restarts 2 srun --mpi=pmix -n 8 python train.py
+"""
+
+
+def _parser(prog: str) -> argparse.ArgumentParser:
+    """`kmp-launch`'s options: they come before the launcher; everything from
+    the launcher on is run as given."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        usage=f"{prog} [-h] [--max-restarts K] [--] LAUNCHER [ARG ...]",
+        description="Runs a launcher command (mpirun, mpiexec, srun) and ends the "
+        "job when a node is lost: the ranks' heartbeats name the lost rank, the "
+        "wrapper kills the launcher (which would wait forever) and exits "
+        f"{NODE_LOST_EXIT_CODE}. Everything from LAUNCHER on is passed as given.",
+        epilog=_HELP_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
+    parser.add_argument(
+        "--max-restarts",
+        metavar="K",
+        type=_restarts,
+        default=0,
+        help="relaunch a job that lost a node (lost hosts dropped from --host/"
+        "--hostfile, -np lowered) or whose launcher was killed by a signal, up "
+        "to K times (default 0: never)",
+    )
+    parser.add_argument(
+        "command",
+        nargs=argparse.REMAINDER,
+        metavar="LAUNCHER [ARG ...]",
+        help="the launch command, e.g. mpirun -np 4 python train.py",
+    )
+    return parser
+
+
+def _launcher_problem(program: str) -> tuple[int, str] | None:
+    """`(status, message)` when `program` cannot be run, as a shell says it
+    (127: not found, 126: not executable); None when it can."""
+    if shutil.which(program) is not None:
+        return None
+    if os.sep in program and os.path.exists(program):
+        return 126, f"launcher {program!r} is not an executable file"
+    known = (*_MPI_LAUNCHERS, "srun", "mpiexec.hydra")
+    name = os.path.basename(program)
+    close = [] if name in known else difflib.get_close_matches(name, known, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    where = "" if os.sep in program else " on PATH"
+    return 127, f"launcher {program!r} not found{where}{hint}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`kmp-launch [--max-restarts K] LAUNCHER ARG...`; `-h` for the options."""
+    argv = sys.argv[1:] if argv is None else argv
+    script = os.path.basename(sys.argv[0]) if sys.argv else ""
+    prog = (
+        "kmp-launch"
+        if script == "kmp-launch"
+        else ("python -m keras_mpfp16.runtime.launch")
+    )
+    parser = _parser(prog)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        parser.error(
+            f"unrecognized option {unknown[0]!r}; {prog}'s options come before "
+            f"the launcher: {prog} [--max-restarts K] mpirun -np N python train.py"
+        )
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("the launch command is missing, e.g. mpirun -np 2 python train.py")
+    problem = _launcher_problem(command[0])
+    if problem is None:
+        try:
+            sys.exit(run(command, max_restarts=args.max_restarts))
+        except OSError as e:  # found but could not be started (exec format)
+            problem = (
+                127 if isinstance(e, FileNotFoundError) else 126,
+                f"cannot run launcher {command[0]!r}: {e.strerror or e}",
             )
-        restarts = int(value)
-    if argv and argv[0] == "--":
-        argv = argv[1:]
-    sys.exit(run(argv, max_restarts=restarts))
+    status, message = problem
+    sys.stderr.write(f"{prog}: {message}\n")
+    sys.exit(status)
 
 
 if __name__ == "__main__":
