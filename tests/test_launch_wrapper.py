@@ -342,12 +342,23 @@ def test_a_verdict_naming_rank_0s_host_restarts_on_the_rest_until_none_left(
     err = res.stderr.decode()
     assert res.returncode == 69, err
     assert len((tmp_path / "runs").read_text().splitlines()) == 2
+    assert err.count("keras_mpfp16.runtime.launch: the job lost a rank") == 2, err
     last = err.rstrip().splitlines()[-1]
     assert last == (
         "keras_mpfp16.runtime.launch: the job lost a rank (lost hosts: n3); the "
         "launcher ended with status 0; no restart left (--max-restarts 1); "
         "exiting with status 69."
     ), err
+    # Every host lost: nothing to restart on.
+    (tmp_path / "runs").unlink()
+    res = _wrapper("--max-restarts", "3", always, "-np", "1", "--host", "n3:1", "x")
+    assert res.returncode == 69
+    assert len((tmp_path / "runs").read_text().splitlines()) == 1
+    assert (
+        res.stderr.decode()
+        .rstrip()
+        .endswith("no host is left to restart on without n3; exiting with status 69.")
+    )
 
 
 def test_kmp_launch_console_script_runs_the_wrapper(tmp_path):

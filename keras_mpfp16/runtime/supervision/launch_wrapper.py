@@ -66,7 +66,7 @@ from keras_mpfp16 import _settings as env
 VERDICT_ENV = env.setting("LAUNCH_VERDICT").name
 NODE_LOST_EXIT_CODE = 69
 GRACE = 5.0  # seconds the launcher may take to end by itself after a verdict
-_DRAIN = 5.0  # seconds to read the launcher's last output after it ended
+_DRAIN = 1.0  # seconds to read the launcher's last output after it ended
 _MPI_LAUNCHERS = ("mpirun", "mpiexec", "prterun", "orterun")
 
 
@@ -315,20 +315,34 @@ def run(argv: list[str], grace: float = GRACE, max_restarts: int = 0) -> int:
             code = NODE_LOST_EXIT_CODE
         if not (verdicts or code >= 128):
             return code
-        if attempt == max_restarts:
-            if verdicts:
-                left = (
-                    f"no restart left (--max-restarts {max_restarts}); "
-                    if max_restarts
-                    else ""
+        last = attempt == max_restarts
+        if verdicts:
+            if not last:
+                end = "."
+            elif max_restarts:
+                end = (
+                    f"; no restart left (--max-restarts {max_restarts}); exiting "
+                    f"with status {NODE_LOST_EXIT_CODE}."
                 )
-                _say(
-                    f"the job lost a rank (lost hosts: {', '.join(lost) or 'none named'}); "
-                    f"the launcher {ended}; {left}exiting with status "
-                    f"{NODE_LOST_EXIT_CODE}."
-                )
+            else:
+                end = f"; exiting with status {NODE_LOST_EXIT_CODE}."
+            _say(
+                f"the job lost a rank (lost hosts: {', '.join(lost) or 'none named'}); "
+                f"the launcher {ended}{end}"
+            )
+        if last:
             return code
-        argv, _ = without_hosts(argv, lost)
+        survivors, _ = without_hosts(argv, lost)
+        size = _size(survivors)
+        if (size.lstrip("-").isdigit() and int(size) <= 0) or any(
+            a in _HOST_FLAGS and not b for a, b in zip(survivors, survivors[1:])
+        ):
+            _say(
+                f"no host is left to restart on without {', '.join(lost)}; "
+                f"exiting with status {NODE_LOST_EXIT_CODE}."
+            )
+            return NODE_LOST_EXIT_CODE
+        argv = survivors
         reason = (
             f"the job lost a rank ({verdicts[0].message.splitlines()[0]})"
             if verdicts
