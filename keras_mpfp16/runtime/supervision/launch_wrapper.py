@@ -155,6 +155,10 @@ class VerdictFilter:
         self._open = False  # part of the current line was already passed on
 
     def feed(self, data: bytes) -> bytes:
+        if not self._held and b"\x1e" not in data:  # no verdict: pass it all
+            nl = data.rfind(b"\n")
+            self._open = (self._open or bool(data)) if nl < 0 else nl < len(data) - 1
+            return data
         data = self._held + data
         self._held = b""
         out = []
@@ -445,7 +449,10 @@ def _run_once(argv: list[str], grace: float) -> tuple[int, list[Verdict], str]:
                 proc.wait()
                 killed = True
                 break
-            found.wait(0.2)
+            if seen is None:
+                found.wait(0.2)  # wakes at once at a verdict
+            else:
+                time.sleep(0.2)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
