@@ -304,3 +304,34 @@ def test_different_collectives_while_a_rank_computes_are_no_conflict(monkeypatch
     # Once rank 1 waits too (in yet another collective), it is a conflict.
     insp.table[1] = Wait(250, "barrier", now, None)
     assert "different collectives" in _conflict_message(insp, monkeypatch)
+
+
+def test_a_rank_that_declares_a_loss_exits_69_and_reports_only_named_hosts(
+    monkeypatch,
+):
+    """`_fail` with lost hosts: the verdict goes to the wrapper, the watchdog
+    is armed and the rank aborts with 69 (never 0, also without the
+    wrapper); with none named (another rank speaks) no verdict but still 69;
+    a mere stall or conflict aborts with 1 and tells the wrapper nothing."""
+    from keras_mpfp16.runtime.supervision import failure, launch_wrapper
+
+    calls = []
+    monkeypatch.setattr(
+        failure, "abort_job", lambda code: calls.append(("abort", code))
+    )
+    monkeypatch.setattr(
+        launch_wrapper, "report_lost", lambda m, h: calls.append(("verdict", h))
+    )
+    monkeypatch.setattr(
+        stall.launcher_daemon, "end_later", lambda d, w: calls.append(("watchdog",))
+    )
+    monkeypatch.setattr(stall, "_VERDICT_FLUSH", 0.0)
+    for lost, expected in (
+        (["n3"], [("verdict", ["n3"]), ("watchdog",), ("abort", 69)]),
+        ([], [("watchdog",), ("abort", 69)]),
+        (None, [("abort", 1)]),
+    ):
+        calls.clear()
+        insp = _insp(size=3)
+        insp._fail("x", lost=lost)
+        assert calls == expected, (lost, calls)
