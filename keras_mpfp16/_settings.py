@@ -568,11 +568,14 @@ register(
     None,
     read="when a rank declares another lost",
     python=False,
-    value_doc="a file path",
+    value_doc="a token",
     doc="Set by the launch wrapper (`python -m keras_mpfp16.runtime.launch "
-    "mpirun ...`) for its ranks, not by users: the file a rank writes when its "
-    "heartbeats declare a rank or node lost, so the wrapper ends the launcher "
-    "with status 69.",
+    "mpirun ...`) for its ranks, not by users: a random token made for each "
+    "launch. A rank whose heartbeats declare a rank or node lost writes a "
+    "verdict line with it on its standard error, which the launcher forwards "
+    "to the wrapper (no shared filesystem needed); the wrapper acts only on "
+    "lines with its own token, ends the launcher and exits with status 69 "
+    "(or restarts on the remaining hosts).",
 )
 
 

@@ -1,8 +1,10 @@
 """Across emulated nodes (network namespaces, rate-limited links).
 
 A smoke test of the harness (examples/benchmarks/cluster.py) and a network
-partition in the middle of training. Skipped where namespaces cannot be made
-(not root, no `ip netns`, not Linux); CI runs as root.
+partition in the middle of training. Every node has its own /tmp, as on a
+real cluster (run directories are shared, under /var/tmp); `mpirun` runs
+outside the nodes. Skipped where namespaces cannot be made (not root, no
+`ip netns`, not Linux); CI runs as root.
 """
 
 import json
@@ -52,7 +54,7 @@ def _run(cmd, env=None, timeout=180) -> MPIResult:
 
 @pytest.fixture
 def cluster():
-    c = Cluster(2, "1gbit", **NAMES)
+    c = Cluster(2, "1gbit", private_tmp=True, **NAMES)
     c.up()
     try:
         yield c
@@ -90,13 +92,12 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def test_cut_link_mid_epoch_ends_every_rank_then_resume_is_identical(cluster, tmp_path):
+def test_cut_link_mid_epoch_ends_every_rank_then_resume_is_identical(cluster):
     """Issue 15 item 5: a node cut off mid-epoch -> every rank's process ends,
     non-zero, within 60 s, naming the unreachable rank and host; with the link
     back, resuming from the last atomic checkpoint equals an uninterrupted run.
     """
-    run_dir = tmp_path / "cut"
-    run_dir.mkdir()
+    run_dir = cluster.shared_dir("cut")
     script = SCRIPTS / "cluster_train.py"
     # Each rank's stderr and exit status go to files: the cut node's output
     # cannot reach mpirun any more.
@@ -152,8 +153,7 @@ def test_cut_link_mid_epoch_ends_every_rank_then_resume_is_identical(cluster, tm
         cluster.mpirun_command([sys.executable, str(script), "resume", str(run_dir)])
     )
     assert resumed.returncode == 0, resumed.describe()
-    full_dir = tmp_path / "full"
-    full_dir.mkdir()
+    full_dir = cluster.shared_dir("full")
     full = _run(
         cluster.mpirun_command([sys.executable, str(script), "full", str(full_dir)])
     )

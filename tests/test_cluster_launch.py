@@ -1,7 +1,11 @@
 """A node lost mid-job ends the whole job, launcher included, non-zero, within
 60 s, naming the lost host: `python -m keras_mpfp16.runtime.launch mpirun ...`
-on the emulated cluster (3 nodes, 1 Gbit/s). Skipped where network
-namespaces cannot be made (not root, no `ip netns`)."""
+on the emulated cluster (3 nodes, 1 Gbit/s), and restarts on the survivors,
+rank 0's node lost included. Every node has its own /tmp, as on a real
+cluster (the run directories are shared, under /var/tmp); the wrapper and
+`mpirun` run outside the nodes (on this machine: a login node) unless a
+test says otherwise. Skipped where network namespaces cannot be made (not
+root, no `ip netns`)."""
 
 from __future__ import annotations
 
@@ -31,7 +35,14 @@ NODE_LOST = 69  # keras_mpfp16.runtime.launch.NODE_LOST_EXIT_CODE
 
 @pytest.fixture
 def cluster3():
-    c = Cluster(3, "1gbit", prefix="kmpl", subnet="10.78.8", bridge="kmplbr0")
+    c = Cluster(
+        3,
+        "1gbit",
+        prefix="kmpl",
+        subnet="10.78.8",
+        bridge="kmplbr0",
+        private_tmp=True,
+    )
     c.up()
     try:
         yield c
@@ -41,10 +52,11 @@ def cluster3():
 
 def test_cut_node_ends_the_launcher_non_zero_within_60s(cluster3, tmp_path):
     """Node 3's link cut mid-epoch, default heartbeat (30 s): mpirun alone
-    would wait for node 3's daemon forever; under the wrapper the job ends
-    with status 69 within 60 s of the cut and the lost rank's host is named."""
-    run_dir = tmp_path / "cut"
-    run_dir.mkdir()
+    would wait for node 3's daemon forever; under the wrapper, started
+    outside the nodes with no /tmp in common with them (the verdict travels
+    in the ranks' forwarded stderr), the job ends with status 69 within 60 s
+    of the cut and the lost rank's host is named."""
+    run_dir = cluster3.shared_dir("cut")
     mpirun = cluster3.mpirun_command(
         [sys.executable, str(SCRIPTS / "cluster_train.py"), "cut", str(run_dir)]
     )
@@ -96,8 +108,7 @@ def test_cut_node_ends_plain_mpirun_non_zero_within_60s(cluster3, tmp_path):
     `KERAS_MPFP16_END_LAUNCHER_AFTER` (10 s) later rank 0's watchdog ends
     it. Every process on nodes 1 and 2 and `mpirun` end, non-zero, within
     60 s of the cut; the lost host is named."""
-    run_dir = tmp_path / "cut"
-    run_dir.mkdir()
+    run_dir = cluster3.shared_dir("cut")
     mpirun = cluster3.mpirun_command(
         [sys.executable, str(SCRIPTS / "cluster_train.py"), "cut", str(run_dir)]
     )
@@ -145,20 +156,23 @@ def test_cut_node_ends_plain_mpirun_non_zero_within_60s(cluster3, tmp_path):
     assert survivors == [], survivors  # nothing left on nodes 1 and 2
 
 
-def test_cut_node_restarts_on_the_survivors_and_completes(cluster3, tmp_path):
-    """Issue 30: a stock Keras script (`BackupAndRestore(save_freq=10)`,
-    `kmp.shard`, 40 steps per epoch at 3 ranks) under
-    `python -m keras_mpfp16.runtime.launch --max-restarts 1 mpirun --host
-    n1:1,n2:1,n3:1 ...`; node 3's link cut after 35 steps of epoch 2 (the
-    step-30 backup on disk) and left cut. Default heartbeat (30 s). The
-    wrapper relaunches on nodes 1-2 at 2 ranks, which resume from the
-    backup; the job completes every epoch and exits 0. The work redone
-    (global samples over both launches minus an uninterrupted run's) is at
-    most the backup interval plus two steps; the first step on the
-    survivors ends within 120 s of the cut."""
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    run = cluster_restart.run_once(cluster3, run_dir)
+@pytest.mark.parametrize("cut", [3, 1], ids=["node3", "rank0s-node1"])
+def test_cut_node_restarts_on_the_survivors_and_completes(cluster3, cut):
+    """Issue 30, and issue 39 for rank 0's node: a stock Keras script
+    (`BackupAndRestore(save_freq=10)`, `kmp.shard`, 40 steps per epoch at 3
+    ranks) under `python -m keras_mpfp16.runtime.launch --max-restarts 1
+    mpirun --host n1:1,n2:1,n3:1 ...` run outside the nodes (nodes with
+    their own /tmp); node `cut`'s link cut after 35 steps of epoch 2 (the
+    step-30 backup on disk) and left cut. Default heartbeat (30 s). Node 3:
+    rank 0 names rank 2's host. Node 1 (rank 0's): ranks 1 and 2 agree and
+    rank 1 names rank 0's host (`mpirun` itself may exit 0 then). The
+    wrapper relaunches on the two other nodes at 2 ranks, which resume
+    from the backup; the job completes every epoch and exits 0. The work
+    redone (global samples over both launches minus an uninterrupted
+    run's) is at most the backup interval plus two steps; the first step
+    on the survivors ends within 120 s of the cut."""
+    run_dir = cluster3.shared_dir("restart")
+    run = cluster_restart.run_once(cluster3, run_dir, cut_node=cut)
     detail = "\n".join(run["stderr_tail"][-30:]) + f"\ntimeline {run['timeline_s']}"
     print("timeline (s after the cut):", run["timeline_s"])
     print(
@@ -171,8 +185,19 @@ def test_cut_node_restarts_on_the_survivors_and_completes(cluster3, tmp_path):
     assert run["sizes"] == [3, 2], detail
     restart = [x for x in run["stderr_tail"] if "runtime.launch: restart" in x]
     assert len(restart) == 1, detail
-    assert "rank 2 (host kmpl3) is unreachable" in restart[0], detail
-    assert restart[0].endswith("lost hosts: ['kmpl3']; size: 2."), detail
+    if cut == 3:
+        assert "rank 2 (host kmpl3) is unreachable" in restart[0], detail
+    else:
+        assert (
+            "(rank 1 (host kmpl2)): rank 0 (host kmpl1) is unreachable from rank 1 "
+            "(host kmpl2), rank 2 (host kmpl3)" in restart[0]
+        ), detail
+    lost = f"kmpl{cut}"
+    assert restart[0].endswith(f"lost hosts: ['{lost}']; size: 2."), detail
+    assert f"the job lost a rank (lost hosts: {lost})" in "\n".join(
+        run["stderr_tail"]
+    ), detail
+    assert "keras_mpfp16-verdict" not in "\n".join(run["stderr_tail"]), detail
     first, second = run["steps"]
     # The cut landed mid-epoch: the first launch ended inside epoch 2, after
     # step 35 (at the first step end that found the step-30 backup on disk).

@@ -1,9 +1,11 @@
-"""The launch wrapper passes the verdict file's variable the way the
-launcher takes it: Open MPI's `-x VAR`; nothing added for MPICH / Intel
-MPI's Hydra `mpiexec` (it passes the whole environment by default, and
-rejects `-x`) or an unknown launcher. Stand-in launchers (shell scripts
-named `mpiexec` answering `--version` as the real ones do) record their
-arguments; the real Open MPI `mpirun` is checked too."""
+"""The launch wrapper: the verdict token's variable passed the way the
+launcher takes it (Open MPI's `-x VAR`; nothing added for MPICH / Intel
+MPI's Hydra `mpiexec`, which passes the whole environment by default and
+rejects `-x`, or an unknown launcher), the verdict channel through the
+ranks' forwarded standard error (output passed through unchanged, forged
+verdicts refused, no shared filesystem needed), restarts and the host
+list. Stand-in launchers (shell scripts) record their arguments; the real
+Open MPI `mpirun` is checked too."""
 
 from __future__ import annotations
 
@@ -85,18 +87,6 @@ def test_restarts_on_a_signal_or_a_lost_node_never_on_an_exception(tmp_path):
 
 
 def test_lost_hosts_are_dropped_from_the_host_list_and_the_size(tmp_path):
-    verdict = (
-        "keras_mpfp16 error (rank 0 on host n1 watching 3 ranks): rank 2 (host n3) "
-        "is unreachable: nothing heard for 30s\n  rank 0 (host n1): waiting"
-    )
-    assert launch_wrapper.lost_hosts(verdict) == ["n3"]
-    assert (
-        launch_wrapper.lost_hosts(
-            "keras_mpfp16 error (rank 2 on host n3): rank 0 (host n1) is unreachable "
-            "from rank 2 (host n3)"
-        )
-        == []
-    )
     argv = ["mpirun", "-np", "6", "--host", "n1:2,n2:2,n3:2", "python", "t.py"]
     out, dropped = launch_wrapper.without_hosts(argv, ["n3"])
     assert out == ["mpirun", "-np", "4", "--host", "n1:2,n2:2", "python", "t.py"]
@@ -111,25 +101,264 @@ def test_lost_hosts_are_dropped_from_the_host_list_and_the_size(tmp_path):
     assert launch_wrapper.without_hosts(argv, ["elsewhere"]) == (argv, 0)
 
 
-def test_rank_0s_verdict_wins_over_a_cut_off_ranks(tmp_path, monkeypatch):
-    """Both sides of a cut link declare the other lost at about the same time;
-    on the emulated cluster (or a shared filesystem) both can write the
-    verdict. Rank 0's names the lost host and must be the one read, whichever
-    comes first; a cut-off rank's is kept only when rank 0 wrote none."""
-    path = tmp_path / "verdict"
-    monkeypatch.setenv(launch_wrapper.VERDICT_ENV, str(path))
-    from_rank_0 = "rank 2 (host n3) is unreachable: nothing heard"
-    from_rank_2 = "rank 0 (host n1) is unreachable from rank 2 (host n3)"
-    launch_wrapper.report_lost(from_rank_2, replace=False)
-    launch_wrapper.report_lost(from_rank_0)
-    assert path.read_text() == from_rank_0
-    launch_wrapper.report_lost(from_rank_2, replace=False)
-    assert path.read_text() == from_rank_0
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["verdict"]
-    path.unlink()
-    launch_wrapper.report_lost(from_rank_2, replace=False)
-    assert path.read_text() == from_rank_2
-    assert launch_wrapper.lost_hosts(from_rank_0) == ["n3"]
+# -- the verdict channel: the ranks' forwarded standard error -----------------
+
+TOKEN = "0123456789abcdef0123456789abcdef"
+
+
+def _verdict(token=TOKEN, hosts=("n3",), message="rank 2 (host n3) is unreachable"):
+    return launch_wrapper.verdict_line(token, message, list(hosts))
+
+
+def _filtered(chunks, token=TOKEN):
+    filt = launch_wrapper.VerdictFilter(token)
+    out = b"".join(filt.feed(c) for c in chunks) + filt.finish()
+    return out, filt
+
+
+def test_verdict_filter_passes_every_other_byte_through_unchanged():
+    """Output that is not this job's verdict comes out byte for byte, split
+    anywhere (progress bars end in `\r`, lines arrive in pieces, binary and
+    invalid UTF-8 included); this job's verdict lines are taken out, also
+    split across reads and behind a launcher's per-line prefix."""
+    plain = (
+        b"Epoch 1/3\n\r 1/40 [>....] - ETA: 3s\r 2/40 [=>...]"
+        b"\x00\xff\xfe not utf-8 \x1b[1mbold\x1b[0m\n"
+        b"a line with a record separator \x1e but no marker\n"
+        b"keras_mpfp16-verdict " + TOKEN.encode() + b" not a verdict: no 0x1e\n"
+        b"no newline at the end"
+    )
+    out, filt = _filtered([plain])
+    assert out == plain and filt.verdicts == [] and filt.refused == 0
+    mixed = (
+        b"before\n"
+        + _verdict()
+        + b"\r 3/40 [==>..]"
+        + b"[1,2]<stderr>:"
+        + _verdict(hosts=("n1",), message="rank 0 (host n1) is unreachable from x")
+        + b"after\n"
+    )
+    expected = b"before\n\r 3/40 [==>..][1,2]<stderr>:\nafter\n"
+    for size in (1, 2, 7, 4096):  # every way of splitting the stream
+        chunks = [mixed[i : i + size] for i in range(0, len(mixed), size)]
+        out, filt = _filtered(chunks)
+        assert out == expected, (size, out)
+        assert filt.verdicts == [
+            launch_wrapper.Verdict("rank 2 (host n3) is unreachable", ["n3"]),
+            launch_wrapper.Verdict("rank 0 (host n1) is unreachable from x", ["n1"]),
+        ]
+
+
+def test_verdict_filter_holds_back_only_after_a_record_separator():
+    """Output reaches the wrapper's output as soon as it is read: only the
+    bytes from a 0x1e byte to the end of its line wait (a verdict line is
+    written whole, so in practice nothing waits)."""
+    filt = launch_wrapper.VerdictFilter(TOKEN)
+    assert filt.feed(b"\r 5/40 [====>") == b"\r 5/40 [====>"
+    assert filt.feed(b"tail\x1ekeras_mp") == b"tail"
+    assert filt.feed(b"fp16 something else\n") == b"\x1ekeras_mpfp16 something else\n"
+    held = b"\x1e" + b"x" * (launch_wrapper._HELD_MAX + 1)
+    assert filt.feed(held) == held  # never held without bound
+
+
+def test_a_forged_or_stale_verdict_is_passed_on_and_not_acted_on():
+    """A verdict line with another token (another job's, a forged one) or a
+    body that does not parse is ordinary output: passed on, counted, not a
+    verdict."""
+    forged = _verdict(token="f" * 32)
+    broken = launch_wrapper.MARK + TOKEN.encode() + b" {not json\n"
+    short = launch_wrapper.MARK + TOKEN[:8].encode() + b' {"lost": [], "message": ""}\n'
+    out, filt = _filtered([forged + broken + short])
+    assert out == forged + broken + short
+    assert filt.verdicts == [] and filt.refused == 3
+
+
+def test_report_lost_writes_one_verdict_line_to_standard_error(monkeypatch, capfd):
+    """A rank's `report_lost` writes one line (below PIPE_BUF, so one write
+    reaches the pipe whole) that the filter reads back with the lost hosts;
+    a long message keeps its first line; nothing without the wrapper's
+    token."""
+    monkeypatch.delenv(launch_wrapper.VERDICT_ENV, raising=False)
+    launch_wrapper.report_lost("ignored", ["n9"])
+    assert capfd.readouterr().err == ""
+    monkeypatch.setenv(launch_wrapper.VERDICT_ENV, TOKEN)
+    long = "rank 0 (host n1) is unreachable\n" + "  rank 1: waiting\n" * 1000
+    launch_wrapper.report_lost(long, ["n1", "n1"])
+    err = capfd.readouterr().err.encode()
+    assert err.count(b"\n") == 1 and len(err) <= launch_wrapper._MAX_LINE
+    out, filt = _filtered([err])
+    assert out == b""
+    assert filt.verdicts == [
+        launch_wrapper.Verdict("rank 0 (host n1) is unreachable", ["n1"])
+    ]
+
+
+def _shell_launcher(tmp_path, body: str):
+    """A stand-in launcher: records each run's argv, then runs `body`
+    (sh), where `$V` is the job's token from the environment."""
+    script = tmp_path / "launcher"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'echo "$*" >> {tmp_path}/runs\n'
+        f'V="${launch_wrapper.VERDICT_ENV}"\n' + body
+    )
+    script.chmod(0o755)
+    return str(script)
+
+
+def _verdict_sh(hosts: str, message: str) -> str:
+    body = f'{{"lost": [{hosts}], "message": "{message}"}}'
+    return f"printf '\\036keras_mpfp16-verdict %s %s\\n' \"$V\" '{body}' >&2\n"
+
+
+def _wrapper(*args, timeout=60):
+    import subprocess
+
+    return subprocess.run(
+        [sys.executable, "-m", "keras_mpfp16.runtime.launch", *args],
+        capture_output=True,
+        timeout=timeout,
+    )
+
+
+def test_the_wrapper_forwards_output_unchanged_and_at_once(tmp_path):
+    """Through the wrapper, the launcher's stdout and stderr come out byte
+    for byte on the wrapper's, and a partial line (a progress bar) arrives
+    while the launcher still runs."""
+    import subprocess
+
+    launcher = _shell_launcher(
+        tmp_path,
+        "printf 'out 1\\n\\r 1/9 [>..' ; printf 'err \\377 1\\n' >&2\n"
+        f"while [ ! -e {tmp_path}/go ]; do sleep 0.05; done\n"
+        "printf '\\r 2/9 [=>.]\\n'; printf 'err 2' >&2\n",
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "keras_mpfp16.runtime.launch", launcher],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    import os
+
+    first = b""
+    while len(first) < len(b"out 1\n\r 1/9 [>.."):
+        data = os.read(proc.stdout.fileno(), 100)
+        assert data, "the wrapper's output ended early"
+        first += data
+    assert first == b"out 1\n\r 1/9 [>.."  # before the launcher went on
+    (tmp_path / "go").touch()
+    rest, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    assert first + rest == b"out 1\n\r 1/9 [>..\r 2/9 [=>.]\n"
+    assert err == b"err \xff 1\nerr 2"
+
+
+def test_a_verdict_reaches_the_wrapper_with_no_shared_filesystem(tmp_path):
+    """The launcher gets a token, not a path: a rank that writes the verdict
+    line on stderr while running in its own mount namespace with an empty
+    /tmp of its own (as on a node with node-local /tmp) ends the job: the
+    wrapper kills a launcher that does not end and exits 69, even when the
+    launcher would exit 0; the verdict line itself is not passed on."""
+    import shutil
+    import subprocess
+
+    if (
+        shutil.which("unshare") is None
+        or subprocess.run(
+            ["unshare", "--mount", "true"], capture_output=True
+        ).returncode
+    ):
+        pytest.skip("unshare --mount is not permitted here")
+    node_tmp = tmp_path / "node-tmp"
+    node_tmp.mkdir()
+    rank = tmp_path / "rank.sh"  # read before /tmp is replaced
+    rank.write_text(
+        f'V="${launch_wrapper.VERDICT_ENV}"\necho "node /tmp: [$(ls -A /tmp)]"\n'
+        + _verdict_sh('"n3"', "rank 2 (host n3) is lost")
+    )
+    launcher = _shell_launcher(
+        tmp_path,
+        "unshare --mount --propagation private sh -c "
+        f"'r=$(cat {rank}); mount --bind {node_tmp} /tmp && eval \"$r\"'\n"
+        "sleep 120\n",
+    )
+    res = _wrapper(launcher)
+    assert res.stdout == b"node /tmp: []\n"  # the rank saw its own /tmp
+    err = res.stderr.decode()
+    assert res.returncode == launch_wrapper.NODE_LOST_EXIT_CODE, err
+    assert "keras_mpfp16.runtime.launch: rank 2 (host n3) is lost" in err
+    assert "did not end within 5s of the verdict and was killed" in err
+    assert "keras_mpfp16-verdict" not in err
+    # The launcher exits 0 after the verdict: still 69.
+    (tmp_path / "runs").unlink()
+    exits_0 = _shell_launcher(tmp_path, _verdict_sh('"n3"', "lost") + "exit 0\n")
+    res = _wrapper(exits_0)
+    assert res.returncode == 69, res.stderr.decode()
+    assert "the launcher ended with status 0; exiting with status 69" in (
+        res.stderr.decode()
+    )
+
+
+def test_a_forged_verdict_does_not_end_the_job(tmp_path):
+    """A verdict line with a token that is not this launch's is output like
+    any other: the launcher's status stands and nothing restarts."""
+    launcher = _shell_launcher(
+        tmp_path, "V=ffffffffffffffffffffffffffffffff\n" + _verdict_sh('"n1"', "x")
+    )
+    res = _wrapper("--max-restarts", "2", launcher)
+    assert res.returncode == 0, res.stderr
+    assert b"keras_mpfp16-verdict ffff" in res.stderr
+    assert len((tmp_path / "runs").read_text().splitlines()) == 1
+
+
+def test_a_verdict_naming_rank_0s_host_restarts_on_the_rest_until_none_left(
+    tmp_path,
+):
+    """Rank 0's node lost (the survivors' verdict names it): the wrapper
+    drops it from the host list and relaunches on the rest, even though the
+    launcher exited 0; a launch that loses a node with no restart left ends
+    with 69 and one line saying so."""
+    launcher = _shell_launcher(
+        tmp_path,
+        f"if [ ! -e {tmp_path}/lost-once ]; then touch {tmp_path}/lost-once; "
+        + _verdict_sh('"n1"', "rank 0 (host n1) is unreachable from rank 1").strip()
+        + "; fi\nexit 0\n",
+    )
+    hosts = ["-np", "3", "--host", "n1:1,n2:1,n3:1", "python", "t.py"]
+    res = _wrapper("--max-restarts", "1", launcher, *hosts)
+    err = res.stderr.decode()
+    assert res.returncode == 0, err
+    runs = (tmp_path / "runs").read_text().splitlines()
+    assert runs == [
+        "-np 3 --host n1:1,n2:1,n3:1 python t.py",
+        "-np 2 --host n2:1,n3:1 python t.py",
+    ]
+    assert "restart 1 of 1: the job lost a rank (rank 0 (host n1) is unreachable" in err
+    assert err.rstrip().endswith("lost hosts: ['n1']; size: 2."), err
+    # Lost every time: one restart, then 69 and one line.
+    (tmp_path / "runs").unlink()
+    always = _shell_launcher(tmp_path, _verdict_sh('"n3"', "n3 lost") + "exit 0\n")
+    res = _wrapper("--max-restarts", "1", always, *hosts)
+    err = res.stderr.decode()
+    assert res.returncode == 69, err
+    assert len((tmp_path / "runs").read_text().splitlines()) == 2
+    assert err.count("keras_mpfp16.runtime.launch: the job lost a rank") == 2, err
+    last = err.rstrip().splitlines()[-1]
+    assert last == (
+        "keras_mpfp16.runtime.launch: the job lost a rank (lost hosts: n3); the "
+        "launcher ended with status 0; no restart left (--max-restarts 1); "
+        "exiting with status 69."
+    ), err
+    # Every host lost: nothing to restart on.
+    (tmp_path / "runs").unlink()
+    res = _wrapper("--max-restarts", "3", always, "-np", "1", "--host", "n3:1", "x")
+    assert res.returncode == 69
+    assert len((tmp_path / "runs").read_text().splitlines()) == 1
+    assert (
+        res.stderr.decode()
+        .rstrip()
+        .endswith("no host is left to restart on without n3; exiting with status 69.")
+    )
 
 
 def test_kmp_launch_console_script_runs_the_wrapper(tmp_path):

@@ -215,6 +215,51 @@ def test_a_frozen_rank_is_declared_unreachable_naming_rank_and_host(fault):
     # (Rank 1 may print DONE: the launcher sends SIGCONT before it kills.)
 
 
+def test_rank_0_frozen_the_lowest_other_rank_speaks_and_the_wrapper_exits_69():
+    """Rank 0 frozen (SIGSTOP: silent, like its node cut off) at np=3 under
+    the launch wrapper: ranks 1 and 2 notice, tell each other, and rank 1
+    speaks for them, naming rank 0's host in the verdict; the verdict
+    reaches the wrapper through the ranks' forwarded stderr (not passed on)
+    and it exits 69 naming that host, whatever mpirun returned."""
+    import socket
+    import subprocess
+
+    from mpi_launch import SCRIPTS, mpi_env, mpirun_path
+
+    cmd = [
+        sys.executable,
+        "-m",
+        "keras_mpfp16.runtime.launch",
+        mpirun_path(),
+        "-np",
+        "3",
+        "--oversubscribe",
+        "--bind-to",
+        "none",
+        sys.executable,
+        str(SCRIPTS / "runtime_faults.py"),
+        "stop-rank0",
+    ]
+    start = time.monotonic()
+    res = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=mpi_env({"KERAS_MPFP16_HEARTBEAT_TIMEOUT": "6"}),
+    )
+    err = res.stderr
+    print(f"the wrapper ended after {time.monotonic() - start:.1f}s")
+    assert res.returncode == 69, err[-4000:]
+    host = socket.gethostname()
+    assert f"rank 0 (host {host}) is unreachable from rank 1 (host {host})" in err, err[
+        -4000:
+    ]
+    assert "rank 1 speaks for" in err, err[-4000:]
+    assert f"the job lost a rank (lost hosts: {host})" in err, err[-4000:]
+    assert "keras_mpfp16-verdict" not in err + res.stdout
+
+
 def test_a_rank_alone_in_a_model_signature_check_is_told_so_not_batches():
     result = runtime_fault("signature")
     assert result.returncode != 0, result.describe()

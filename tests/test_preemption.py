@@ -162,8 +162,9 @@ def test_launch_wrapper_passes_status_and_ends_a_launcher_that_lost_a_rank(
     tmp_path, capfd
 ):
     """runtime.launch with stand-in launchers (sh): the status passes through;
-    a verdict written by a "rank" (report_lost, through the environment)
-    makes it kill a launcher that does not end and exit 69 with the message."""
+    a verdict written by a "rank" (report_lost: a line on its stderr with the
+    token from the environment) makes it kill a launcher that does not end
+    and exit 69 with the message."""
     from keras_mpfp16.runtime.supervision import launch_wrapper as launch
 
     assert launch.run(["sh", "-c", "exit 3"]) == 3
@@ -178,7 +179,8 @@ def test_launch_wrapper_passes_status_and_ends_a_launcher_that_lost_a_rank(
     assert time.monotonic() - started < 60
     err = capfd.readouterr().err
     assert "rank 2 (host n3) is unreachable" in err
-    assert "did not end within 1s of it and was killed" in err
+    assert "did not end within 1s of the verdict and was killed" in err
+    assert "keras_mpfp16-verdict" not in err  # taken out of the output
     # Launcher exits 0 after a verdict (mpirun with keepalive): still 69.
     rank0 = rank.replace("time.sleep(120)", "pass")
     assert launch.run([sys.executable, "-c", rank0]) == 69

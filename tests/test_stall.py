@@ -11,7 +11,12 @@ import pytest
 
 from keras_mpfp16 import _settings as env
 from keras_mpfp16.runtime.supervision import stall
-from keras_mpfp16.runtime.supervision.stall_messages import Finished, Left, Wait
+from keras_mpfp16.runtime.supervision.stall_messages import (
+    Finished,
+    Left,
+    Suspect,
+    Wait,
+)
 
 
 class _FakeComm:
@@ -209,6 +214,7 @@ def test_a_silent_rank_is_declared_unreachable_with_its_host(monkeypatch):
         "rank 2 (host node3) is unreachable" in msg
         and "rank 1" not in msg.split("\n")[0]
     )
+    assert failures[0][1] == {"lost": ["node3"]}  # the host for the verdict
     # A rank that has finished is not expected to beat any more.
     failures.clear()
     insp.table[2] = Finished(3, "barrier", None, "its script ended")
@@ -216,21 +222,49 @@ def test_a_silent_rank_is_declared_unreachable_with_its_host(monkeypatch):
     assert failures == []
 
 
-def test_rank_0_silence_makes_a_rank_leave_by_itself(monkeypatch):
-    insp = stall.Inspector(
-        _FakeComm(rank=2, size=3), 60, 0, heartbeat=5.0, hosts=["a", "b", "c"]
-    )
+def _silent_rank_0(monkeypatch, rank, heard_from=()):
+    """An inspector on `rank` of 4 whose rank 0 falls silent; the ranks in
+    `heard_from` say they noticed too (`Suspect`). Returns the inspector,
+    its failures and the clock."""
+    comm = _FakeComm(rank=rank, size=4)
+    insp = stall.Inspector(comm, 60, 0, heartbeat=5.0, hosts=["a", "b", "c", "d"])
     failures = []
     monkeypatch.setattr(insp, "_fail", lambda m, **kw: failures.append((m, kw)))
     clock = [1000.0]
     monkeypatch.setattr(stall.time, "monotonic", lambda: clock[0])
-    insp._heard = {0: 1000.0, 1: 1000.0, 2: 1000.0}
+    insp._heard = dict.fromkeys(range(4), 1000.0)
     clock[0] += 6.0
     insp._check_heartbeats()
+    # It told every other rank but 0, and waits for theirs.
+    assert sorted(r.obj[0] for r in comm.sent) == [rank] * 2
+    assert all(isinstance(r.obj[1], Suspect) for r in comm.sent)
+    assert failures == []
+    insp._suspects.update(heard_from)
+    clock[0] += insp._agree
+    insp._check_heartbeats()
     assert len(failures) == 1
-    msg, kw = failures[0]
-    assert "rank 0 (host a) is unreachable from rank 2 (host c)" in msg
-    assert kw == {"local_only": True, "lost": True}
+    return failures[0]
+
+
+def test_rank_0_silence_the_lowest_surviving_rank_names_its_host(monkeypatch):
+    """Rank 0 silent: the ranks that noticed tell each other; the lowest of
+    them names rank 0's host as lost (for the launch wrapper), the others
+    leave naming it as their speaker; a rank that heard from nobody speaks
+    for itself."""
+    msg, kw = _silent_rank_0(monkeypatch, rank=1, heard_from={2, 3})
+    assert (
+        "rank 0 (host a) is unreachable from rank 1 (host b), rank 2 (host c), "
+        "rank 3 (host d): nothing heard from it for 8s" in msg  # 6 + 2 agreeing
+    )
+    assert "rank 1 speaks for them" in msg
+    assert kw == {"local_only": True, "lost": ["a"]}
+    msg, kw = _silent_rank_0(monkeypatch, rank=3, heard_from={1})
+    assert "rank 1 speaks for the ranks that still reach each other" in msg
+    assert kw == {"local_only": True, "lost": []}  # no verdict from rank 3
+    msg, kw = _silent_rank_0(monkeypatch, rank=2)
+    assert "rank 0 (host a) is unreachable from rank 2 (host c):" in msg
+    assert "rank 2 speaks for itself" in msg
+    assert kw == {"local_only": True, "lost": ["a"]}
 
 
 def test_heartbeat_setting_is_validated(monkeypatch):
@@ -270,3 +304,34 @@ def test_different_collectives_while_a_rank_computes_are_no_conflict(monkeypatch
     # Once rank 1 waits too (in yet another collective), it is a conflict.
     insp.table[1] = Wait(250, "barrier", now, None)
     assert "different collectives" in _conflict_message(insp, monkeypatch)
+
+
+def test_a_rank_that_declares_a_loss_exits_69_and_reports_only_named_hosts(
+    monkeypatch,
+):
+    """`_fail` with lost hosts: the verdict goes to the wrapper, the watchdog
+    is armed and the rank aborts with 69 (never 0, also without the
+    wrapper); with none named (another rank speaks) no verdict but still 69;
+    a mere stall or conflict aborts with 1 and tells the wrapper nothing."""
+    from keras_mpfp16.runtime.supervision import failure, launch_wrapper
+
+    calls = []
+    monkeypatch.setattr(
+        failure, "abort_job", lambda code: calls.append(("abort", code))
+    )
+    monkeypatch.setattr(
+        launch_wrapper, "report_lost", lambda m, h: calls.append(("verdict", h))
+    )
+    monkeypatch.setattr(
+        stall.launcher_daemon, "end_later", lambda d, w: calls.append(("watchdog",))
+    )
+    monkeypatch.setattr(stall, "_VERDICT_FLUSH", 0.0)
+    for lost, expected in (
+        (["n3"], [("verdict", ["n3"]), ("watchdog",), ("abort", 69)]),
+        ([], [("watchdog",), ("abort", 69)]),
+        (None, [("abort", 1)]),
+    ):
+        calls.clear()
+        insp = _insp(size=3)
+        insp._fail("x", lost=lost)
+        assert calls == expected, (lost, calls)

@@ -139,7 +139,15 @@ class Cluster:
             TCP (at 1 Gbit/s a 64 KB bucket gave 0.70 Gbit/s of TCP throughput,
             256 KB 0.94).
         state_dir: where the agent script is written (default: a directory
-            under the system's temporary directory named after `prefix`).
+            named after `prefix` under the system's temporary directory, or
+            under `/var/tmp` with `private_tmp`).
+        private_tmp: give each node its own `/tmp` (a directory of
+            `/var/tmp/keras_mpfp16_cluster_<prefix>_tmp` bound over `/tmp`
+            in the node's own mount namespace), as on a real cluster where
+            `/tmp` is node-local and only the working directory is shared.
+            Processes started outside the nodes (`mpirun` on the "login
+            node", a test) keep this machine's `/tmp`; use `shared_dir()`
+            for files that every node and they must see.
 
     Example:
 
@@ -159,6 +167,7 @@ class Cluster:
         cores: list[int] | None = None,
         burst: str | None = None,
         state_dir: str | None = None,
+        private_tmp: bool = False,
     ):
         if not isinstance(nodes, int) or not 1 <= nodes <= 250:
             raise ValueError(f"nodes must be an int in [1, 250]; received {nodes!r}.")
@@ -190,9 +199,22 @@ class Cluster:
         self.bridge = bridge
         self.cores = list(cores)
         self.burst = burst
+        self.private_tmp = bool(private_tmp)
+        self.tmp_root = Path("/var/tmp") / f"keras_mpfp16_cluster_{prefix}_tmp"
+        # The agent must be seen from the nodes too (Open MPI's daemons
+        # check it): not in /tmp when theirs is their own.
+        shared_tmp = Path("/var/tmp" if private_tmp else tempfile.gettempdir())
         self.state_dir = Path(
-            state_dir or Path(tempfile.gettempdir()) / f"keras_mpfp16_cluster_{prefix}"
+            state_dir or shared_tmp / f"keras_mpfp16_cluster_{prefix}"
         )
+
+    def shared_dir(self, name: str = "run") -> Path:
+        """A new empty directory every node sees (outside `/tmp`, under
+        `/var/tmp`, which the nodes share like a cluster's working
+        directory). Removed by `down()`."""
+        root = self.tmp_root / "shared"
+        root.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f"{name}-", dir=root))
 
     # -- names ----------------------------------------------------------------
 
@@ -322,16 +344,30 @@ class Cluster:
             f"  {self.node(k)}) core={self.cores[k - 1]} ;;"
             for k in range(1, self.nodes + 1)
         )
+        if self.private_tmp:
+            # The node's own /tmp, in a mount namespace of its own.
+            launch = (
+                f'd={self.tmp_root}/nodes/$host; mkdir -p "$d"; chmod 1777 "$d"\n'
+                'exec taskset -c "$core" ip netns exec "$host" unshare --uts '
+                '--mount --propagation private sh -c "mount --bind $d /tmp && '
+                'hostname $host; $*"'
+            )
+        else:
+            launch = (
+                'exec taskset -c "$core" ip netns exec "$host" unshare --uts '
+                'sh -c "hostname $host; $*"'
+            )
         script = f"""#!/bin/sh
 # ssh stand-in written by examples/benchmarks/cluster.py: mpirun calls it as
 # "agent HOST command..."; it runs the command in HOST's network namespace,
-# with HOST as hostname, pinned to HOST's core.
+# with HOST as hostname, pinned to HOST's core (and with a /tmp of its own
+# when the cluster has private_tmp).
 host=$1; shift
 case "$host" in
 {cases}
   *) echo "keras_mpfp16 cluster agent: unknown node $host" >&2; exit 255 ;;
 esac
-exec taskset -c "$core" ip netns exec "$host" unshare --uts sh -c "hostname $host; $*"
+{launch}
 """
         self.agent.write_text(script)
         self.agent.chmod(0o755)
@@ -425,6 +461,7 @@ exec taskset -c "$core" ip netns exec "$host" unshare --uts sh -c "hostname $hos
                 "removed; remove them with `ip link del NAME`."
             )
         self._edit_hosts(add=[])
+        shutil.rmtree(self.tmp_root, ignore_errors=True)
 
     def _leftover_links(self) -> list[str]:
         res = _run(["ip", "-o", "link", "show"], check=False)
@@ -469,6 +506,11 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("n", type=int, nargs="?", default=2)
     up.add_argument("rate", nargs="?", default=DEFAULT_RATE)
     up.add_argument("--burst", default=None, help="token bucket size (tc size)")
+    up.add_argument(
+        "--private-tmp",
+        action="store_true",
+        help="each node gets its own /tmp (node-local, as on a real cluster)",
+    )
     r = sub.add_parser("rate", help="change every node's link rate")
     r.add_argument("rate")
     ln = sub.add_parser("link", help="cut or restore one node's link")
@@ -498,9 +540,11 @@ def main(argv: list[str] | None = None) -> int:
             subnet=args.subnet,
             bridge=args.bridge,
             burst=args.burst,
+            private_tmp=args.private_tmp,
         )
         c.up()
-        print(f"up: {args.n} nodes ({c.hosts()}) at {args.rate}")
+        tmp = ", node-local /tmp" if args.private_tmp else ""
+        print(f"up: {args.n} nodes ({c.hosts()}) at {args.rate}{tmp}")
         print(" ".join(c.mpirun_flags()))
         return 0
     if args.cmd == "down":

@@ -1,9 +1,10 @@
 """A node lost mid-epoch, restarted on the survivors: the timeline.
 
-    python examples/benchmarks/cluster_restart.py --repeat 3 \
+    python examples/benchmarks/cluster_restart.py --repeat 3 [--cut 1] \
         --out docs/benchmarks/cluster_restart.json
 
-Three emulated nodes at 1 Gbit/s, one rank each, run the stock Keras script
+Three emulated nodes at 1 Gbit/s, one rank each, each node with its own
+/tmp (the run directory is shared, under /var/tmp), run the stock Keras script
 tests/mpi_scripts/cluster_restart.py (`BackupAndRestore(save_freq=10)`,
 `kmp.shard`, 3 epochs of 40 steps at 3 ranks) under
 
@@ -11,10 +12,14 @@ tests/mpi_scripts/cluster_restart.py (`BackupAndRestore(save_freq=10)`,
         mpirun -np 3 --host N1:1,N2:1,N3:1 <cluster flags> python cluster_restart.py DIR
 
 When rank 0 has done 35 steps of epoch 2 (the backup of step 30 on disk),
-node 3's link is cut and left cut. Per run, seconds from the cut to:
+node 3's link (`--cut 1`: node 1's, rank 0's) is cut and left cut. The
+wrapper runs on this machine, outside the nodes (a login node). Per run,
+seconds from the cut to:
 
   detected   rank 0's message that rank 2 is unreachable (the heartbeat
-             timeout, default 30 s), as the launch wrapper's output shows it
+             timeout, default 30 s; with node 1 cut, the survivors' message
+             that rank 0 is, after they agree who speaks), as the launch
+             wrapper's output shows it
   killed     the wrapper's line that the job lost a rank (the launcher ended
              or was killed after the wrapper's 5 s grace)
   relaunch   the wrapper's restart line (it relaunches at once)
@@ -34,10 +39,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -78,10 +83,14 @@ def run_once(
     run_dir: Path,
     env: dict | None = None,
     timeout: float = 420,
+    cut_node: int = CUT,
 ) -> dict:
-    """One run: launch under the wrapper with `--max-restarts 1`, cut node
-    `CUT` when the script says so, wait for the wrapper to end. Returns the
-    wrapper's status, output, the launches' events and the timeline."""
+    """One run: launch under the wrapper with `--max-restarts 1` (from this
+    machine: the "login node", outside the nodes), cut node `cut_node` (1: rank
+    0's) when the script says so, wait for the wrapper to end. `run_dir`
+    must be seen by every node (`cluster.shared_dir()` when the nodes have
+    their own /tmp). Returns the wrapper's status, output, the launches'
+    events and the timeline."""
     mpirun = cluster.mpirun_command([sys.executable, str(SCRIPT), str(run_dir)])
     cmd = [sys.executable, "-m", WRAPPER, "--max-restarts", "1", *mpirun]
     proc = subprocess.Popen(
@@ -112,7 +121,7 @@ def run_once(
             if time.monotonic() > deadline:
                 raise RuntimeError("training never reached the cut")
             time.sleep(0.05)
-        cluster.link(CUT, up=False)
+        cluster.link(cut_node, up=False)
         cut = time.time()
         try:
             proc.wait(timeout=max(deadline - time.monotonic(), 1))
@@ -125,7 +134,7 @@ def run_once(
             proc.wait()
         # The cut node's daemon holds the output pipes open: end it.
         cluster.kill_all()
-        cluster.link(CUT, up=True)
+        cluster.link(cut_node, up=True)
         for r in readers:
             r.join(timeout=30)
     launches = read_launches(run_dir)
@@ -134,7 +143,9 @@ def run_once(
         return None if t is None or cut is None else round(t - cut, 2)
 
     timeline = {
-        "detected": since(_first(err, "keras_mpfp16 error (rank 0 on host")),
+        # rank 0's message naming the lost rank, or (rank 0's node cut) the
+        # survivors' naming rank 0
+        "detected": since(_first(err, "is unreachable")),
         "killed": since(_first(err, f"{WRAPPER}: the job lost a rank")),
         "relaunch": since(_first(err, f"{WRAPPER}: restart 1 of 1")),
     }
@@ -185,6 +196,10 @@ def summary(run: dict) -> dict:
         "redone_samples": run["redone_samples"],
         "global_batch_before": run["global_batch_before"],
         "timeline_s": run["timeline_s"],
+        "lost_line": next(
+            (x for x in run["stderr_tail"] if f"{WRAPPER}: the job lost a rank" in x),
+            None,
+        ),
         "restart_line": next(
             (x for x in run["stderr_tail"] if f"{WRAPPER}: restart" in x), None
         ),
@@ -195,16 +210,25 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--out")
+    p.add_argument(
+        "--cut", type=int, default=CUT, help="the node cut (1: rank 0's; default 3)"
+    )
     args = p.parse_args()
     cluster = Cluster(
-        NODES, "1gbit", prefix="kmpb", subnet="10.78.10", bridge="kmpbbr0"
+        NODES,
+        "1gbit",
+        prefix="kmpb",
+        subnet="10.78.10",
+        bridge="kmpbbr0",
+        private_tmp=True,
     )
     cluster.up()
     runs = []
     try:
         for i in range(args.repeat):
-            with tempfile.TemporaryDirectory(prefix="kmp_restart_") as d:
-                run = summary(run_once(cluster, Path(d)))
+            run_dir = cluster.shared_dir("restart")
+            run = summary(run_once(cluster, run_dir, cut_node=args.cut))
+            shutil.rmtree(run_dir, ignore_errors=True)
             runs.append(run)
             print(f"run {i + 1}: {json.dumps(run)}", flush=True)
     finally:
@@ -215,7 +239,8 @@ def main():
                 {
                     "when": time.strftime("%Y-%m-%d %H:%M"),
                     "command": "python " + " ".join(sys.argv),
-                    "args": {"repeat": args.repeat},
+                    "args": {"repeat": args.repeat, "cut": args.cut},
+                    "node_local_tmp": True,
                     "nodes": NODES,
                     "rate": "1gbit",
                     "cores": os.cpu_count(),

@@ -4,6 +4,7 @@
   raise-exit      rank 1 raises SystemExit(3) after train step 2; rank 0 goes on
   stop-mid        rank 1 freezes (SIGSTOP) while rank 0 waits in an allreduce
   stop-after-end  rank 0 reaches the end of its script; then rank 1 freezes
+  stop-rank0      rank 0 freezes (SIGSTOP) mid-training; the others wait
   signature       rank 0 ends; rank 1 enters a 'model signature check' alone
   thread-level    MPI initialised with MPI_THREAD_SERIALIZED: the inspector
                   must stay off (and say so once); the job runs normally
@@ -54,6 +55,11 @@ elif fault == "raise-exit":
 elif fault == "stop-mid":
     train_steps(2)
     if rank == FAULTY:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    train_steps(2, start=2)
+elif fault == "stop-rank0":
+    train_steps(2)
+    if rank == 0:
         os.kill(os.getpid(), signal.SIGSTOP)
     train_steps(2, start=2)
 elif fault == "stop-after-end":

@@ -8,17 +8,29 @@ node's daemon forever (measured: still running 90 s after the cut, with
 `MPI_Abort` called 1 s after it), and with TCP keepalive flags it ends with
 status 0. A batch job would sit until its time limit, or report success.
 
-This wrapper runs the launcher command it is given and tells the ranks
-(environment variable `KERAS_MPFP16_LAUNCH_VERDICT`, added with `-x` to an
-Open MPI `mpirun`/`mpiexec`, found by its `--version`; Hydra's `mpiexec` of
-MPICH / Intel MPI and `srun` pass the environment on by default) a file to write when a rank declares another one lost.
-The verdict is written by any rank that can see the file (a rank on the
-wrapper's node; any rank with a shared filesystem). Once it exists, the
-wrapper gives the launcher `GRACE` seconds to end, kills it (its whole
-process group) if it has not, prints the verdict and exits with
-`NODE_LOST_EXIT_CODE` (69, `EX_UNAVAILABLE` of `sysexits.h`), even if the
-launcher itself exited 0. Without a verdict it exits with the launcher's
-status (128+n for a launcher killed by signal n).
+This wrapper runs the launcher command it is given and reads its output.
+A rank that declares the job lost a rank or node (rank 0 for any rank; for
+rank 0, the lowest-numbered rank that still reaches the others) writes one
+verdict line to its standard error: a 0x1e byte, `keras_mpfp16-verdict`,
+the job's token and a JSON object with the lost hosts and the message. The
+launcher forwards it like any output, so it reaches the wrapper wherever
+the wrapper runs (a login node, a batch node) with no shared filesystem,
+and only from ranks whose node still reaches the launcher (a cut-off node's
+output does not get through). The token is a random secret made per launch
+and given to the ranks in `KERAS_MPFP16_LAUNCH_VERDICT` (added with `-x` to
+an Open MPI `mpirun`/`mpiexec`, found by its `--version`; Hydra's `mpiexec`
+of MPICH / Intel MPI and `srun` pass the environment on by default): a
+line with another token (a forged or stale verdict, another job's output)
+is passed on as output and not acted on. Every other byte is passed on
+unchanged and at once (`VerdictFilter`); verdict lines are taken out.
+
+After a verdict the wrapper gives the launcher `GRACE` seconds to end,
+kills it (its whole process group) if it has not (Open MPI's `mpirun`
+waits for a lost node's daemon forever), prints the verdict and exits with
+`NODE_LOST_EXIT_CODE` (69, `EX_UNAVAILABLE` of `sysexits.h`), whatever the
+launcher's own status (`mpirun` may exit 0 after losing rank 0's node).
+Without a verdict it exits with the launcher's status (128+n for a
+launcher killed by signal n).
 
 Signals: SIGINT, SIGUSR1 and SIGUSR2 are passed on to the launcher; SIGTERM
 is passed on as **SIGUSR1**, because `mpirun` kills its ranks about 0.5 s
@@ -28,7 +40,8 @@ preemption warning reaches the ranks as a request to stop at a step
 
 `--max-restarts K` (first argument) relaunches a job that lost a node
 (lost hosts dropped from the host list, `-np` lowered) or whose launcher
-ended by a signal, up to K times (`run`'s `max_restarts`).
+ended by a signal, up to K times (`run`'s `max_restarts`); a job that lost
+a node once more with no restart left ends with 69 and one line saying so.
 
 Nothing here imports Keras (the package's `__init__` still does, when run
 with `-m`).
@@ -38,54 +51,164 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import hmac
+import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
+import threading
 import time
+from typing import NamedTuple
 
 from keras_mpfp16 import _settings as env
 
 VERDICT_ENV = env.setting("LAUNCH_VERDICT").name
 NODE_LOST_EXIT_CODE = 69
 GRACE = 5.0  # seconds the launcher may take to end by itself after a verdict
+_DRAIN = 1.0  # seconds to read the launcher's last output after it ended
 _MPI_LAUNCHERS = ("mpirun", "mpiexec", "prterun", "orterun")
 
 
-def report_lost(message: str, replace: bool = True) -> None:
-    """From a rank: records that a rank or node is lost, for the wrapper.
+# A verdict line: MARK, the job's token, then a JSON object. It starts with
+# ASCII's record separator (0x1e), which ordinary output does not contain:
+# the wrapper forwards every other byte at once and holds back only what
+# follows a 0x1e until its line ends.
+MARK = b"\x1ekeras_mpfp16-verdict "
+_MAX_LINE = 3800  # below PIPE_BUF (4096): one write reaches the pipe whole
+_HELD_MAX = 65536  # a "line" this long after a 0x1e is not a verdict
 
-    Does nothing when not run under the wrapper or when the wrapper's
-    directory is not visible from this node (another machine).
+
+def report_lost(message: str, hosts: list[str] | tuple[str, ...] = ()) -> None:
+    """From a rank: tells the wrapper that the job lost a rank or node.
+
+    Writes one verdict line to this process's standard error (file
+    descriptor 2), which every launcher forwards to its own: the wrapper
+    reads it there, wherever it runs (a login node, a batch node), with no
+    shared filesystem. The line carries the job's token (the wrapper's
+    `KERAS_MPFP16_LAUNCH_VERDICT`): the wrapper acts only on lines with its
+    own token, and does not pass them on. Does nothing when not run under
+    the wrapper.
 
     Args:
-        message: the verdict (its first line names the lost hosts).
-        replace: whether to replace a verdict already written. Rank 0's
-            verdict (which names the lost hosts) replaces any other; a
-            cut-off rank's (`rank 0 ... is unreachable from rank 2 ...`,
-            written when its node shares the wrapper's filesystem) is
-            written only when there is none yet, so the wrapper never drops
-            rank 0's naming of the lost host for it.
+        message: the verdict, for the wrapper's output.
+        hosts: the hosts declared lost (dropped from the host list on a
+            restart).
     """
-    path = env.get("LAUNCH_VERDICT") or ""
-    if not path or not os.path.isdir(os.path.dirname(path)):
+    token = env.get("LAUNCH_VERDICT") or ""
+    if not token:
         return
-    tmp = f"{path}.{os.getpid()}"
+    line = verdict_line(token, message, hosts)
     try:
-        with open(tmp, "w") as f:
-            f.write(message)
-        if replace:
-            os.replace(tmp, path)
-        else:
-            try:
-                os.link(tmp, path)  # fails if a verdict exists: keep that one
-            finally:
-                os.unlink(tmp)
+        sys.stderr.flush()
+    except Exception:
+        pass
+    try:
+        view = memoryview(line)
+        while view:
+            view = view[os.write(2, view) :]
     except OSError:
         pass  # the rank is ending anyway; the launcher's status is the fallback
+
+
+def verdict_line(token: str, message: str, hosts=()) -> bytes:
+    """The bytes of one verdict line (at most `_MAX_LINE`: a long message is
+    cut to its first line, then to its start; the hosts are always whole)."""
+    hosts = sorted({str(h) for h in hosts})
+    for text in (message, message.split("\n", 1)[0]):
+        body = json.dumps({"lost": hosts, "message": text}, ensure_ascii=True)
+        line = MARK + token.encode() + b" " + body.encode() + b"\n"
+        if len(line) <= _MAX_LINE:
+            return line
+    room = max(0, _MAX_LINE - len(line) + len(text) - 16)
+    body = json.dumps({"lost": hosts, "message": text[:room] + " ..."})
+    return MARK + token.encode() + b" " + body.encode() + b"\n"
+
+
+class Verdict(NamedTuple):
+    """A verdict read from the ranks' output: its message and lost hosts."""
+
+    message: str
+    hosts: list[str]
+
+
+class VerdictFilter:
+    """Passes a launcher's output on, taking out the verdict lines that carry
+    `token`.
+
+    `feed(bytes)` returns the bytes to write on at once: everything except
+    what follows a 0x1e byte on an unfinished line (held until its newline:
+    a verdict line is then dropped, any other passed on as it was);
+    `finish()` the bytes still held at the end of the stream. Lines with
+    the marker but another token, or that do not parse, are passed on
+    unchanged and not acted on; they are counted in `refused`. Found
+    verdicts are appended to `verdicts`. Prefixes a launcher adds to each
+    line (`--tag-output`'s `[1,2]<stderr>:`, `srun --label`'s `2: `) are
+    allowed before the marker.
+    """
+
+    def __init__(self, token: str):
+        self.token = token.encode()
+        self.verdicts: list[Verdict] = []
+        self.refused = 0
+        self._held = b""
+        self._open = False  # part of the current line was already passed on
+
+    def feed(self, data: bytes) -> bytes:
+        if not self._held and b"\x1e" not in data:  # no verdict: pass it all
+            nl = data.rfind(b"\n")
+            self._open = (self._open or bool(data)) if nl < 0 else nl < len(data) - 1
+            return data
+        data = self._held + data
+        self._held = b""
+        out = []
+        while True:
+            nl = data.find(b"\n")
+            if nl < 0:
+                break
+            line, data = data[: nl + 1], data[nl + 1 :]
+            verdict, at = self._parse(line)
+            if verdict is None:
+                out.append(line)
+            else:  # pass on a launcher's prefix, if any, as a line of its own
+                self.verdicts.append(verdict)
+                if self._open or at > 0:
+                    out.append(line[:at] + b"\n")
+            self._open = False
+        cut = data.find(b"\x1e")
+        if cut < 0 or len(data) - cut > _HELD_MAX:
+            cut = len(data)
+        out.append(data[:cut])
+        self._open = self._open or cut > 0
+        self._held = data[cut:]
+        return b"".join(out)
+
+    def finish(self) -> bytes:
+        held, self._held = self._held, b""
+        return held
+
+    def _parse(self, line: bytes) -> tuple[Verdict | None, int]:
+        """`(the verdict, where its marker starts)`; `(None, -1)` for any
+        other line."""
+        at = line.find(MARK)
+        if at < 0:
+            return None, -1
+        rest = line[at + len(MARK) :].rstrip(b"\r\n")
+        token, _, body = rest.partition(b" ")
+        if not hmac.compare_digest(token, self.token):
+            self.refused += 1
+            return None, -1
+        try:
+            fields = json.loads(body)
+            hosts = [str(h) for h in fields["lost"]]
+            message = str(fields["message"])
+        except (ValueError, KeyError, TypeError):
+            self.refused += 1
+            return None, -1
+        return Verdict(message, hosts), at
 
 
 def launcher_kind(program: str) -> str:
@@ -122,17 +245,6 @@ def _command(argv: list[str]) -> list[str]:
 
 def _status(code: int) -> int:
     return 128 - code if code < 0 else code
-
-
-def lost_hosts(verdict: str) -> list[str]:
-    """The hosts rank 0's verdict names as lost (`rank 2 (host node3) is
-    unreachable`); none for a verdict written by a cut-off rank about rank 0
-    (`... is unreachable from ...`: its own node may be the lost one)."""
-    first = verdict.splitlines()[0] if verdict else ""
-    if "unreachable from" in first:
-        return []
-    head = re.split(r" (?:is|are) unreachable", first, maxsplit=1)[0]
-    return re.findall(r"\(host ([^)\s]+)\)", head)
 
 
 _HOST_FLAGS = ("--host", "-H", "-host", "--hosts")
@@ -194,38 +306,129 @@ def run(argv: list[str], grace: float = GRACE, max_restarts: int = 0) -> int:
     or the launcher killed, e.g. by the OOM killer; the same command). Any
     other status - 1 for a Python exception, 75 for a preemption, 0 - ends
     it. One line on stderr per restart: the reason, the lost hosts, the new
-    size."""
+    size; and one line when a job that lost a node has no restart left
+    (status 69, whatever the launcher's own status was)."""
     if not argv:
         raise SystemExit(
             "usage: kmp-launch [--max-restarts K] mpirun -np N ... python "
             "train.py (or python -m keras_mpfp16.runtime.launch ...)"
         )
     for attempt in range(max_restarts + 1):
-        code, verdict = _run_once(argv, grace)
-        if attempt == max_restarts or not (verdict or code >= 128):
+        code, verdicts, ended = _run_once(argv, grace)
+        lost = sorted({h for v in verdicts for h in v.hosts})
+        if verdicts:
+            for message in dict.fromkeys(v.message for v in verdicts):
+                _say(message)
+            code = NODE_LOST_EXIT_CODE
+        if not (verdicts or code >= 128):
             return code
-        lost = lost_hosts(verdict) if verdict else []
-        argv, _ = without_hosts(argv, lost)
+        last = attempt == max_restarts
+        if verdicts:
+            if not last:
+                end = "."
+            elif max_restarts:
+                end = (
+                    f"; no restart left (--max-restarts {max_restarts}); exiting "
+                    f"with status {NODE_LOST_EXIT_CODE}."
+                )
+            else:
+                end = f"; exiting with status {NODE_LOST_EXIT_CODE}."
+            _say(
+                f"the job lost a rank (lost hosts: {', '.join(lost) or 'none named'}); "
+                f"the launcher {ended}{end}"
+            )
+        if last:
+            return code
+        survivors, _ = without_hosts(argv, lost)
+        size = _size(survivors)
+        if (size.lstrip("-").isdigit() and int(size) <= 0) or any(
+            a in _HOST_FLAGS and not b for a, b in zip(survivors, survivors[1:])
+        ):
+            _say(
+                f"no host is left to restart on without {', '.join(lost)}; "
+                f"exiting with status {NODE_LOST_EXIT_CODE}."
+            )
+            return NODE_LOST_EXIT_CODE
+        argv = survivors
         reason = (
-            f"the job lost a rank ({verdict.splitlines()[0]})"
-            if verdict
+            f"the job lost a rank ({verdicts[0].message.splitlines()[0]})"
+            if verdicts
             else f"the launcher ended with status {code} (killed by a signal)"
         )
-        sys.stderr.write(
-            f"keras_mpfp16.runtime.launch: restart {attempt + 1} of "
-            f"{max_restarts}: {reason}; lost hosts: {lost or 'none'}; "
-            f"size: {_size(argv)}.\n"
+        _say(
+            f"restart {attempt + 1} of {max_restarts}: {reason}; lost hosts: "
+            f"{lost or 'none'}; size: {_size(argv)}."
         )
-        sys.stderr.flush()
     return code
 
 
-def _run_once(argv: list[str], grace: float) -> tuple[int, str]:
-    """One run of the launcher: `(status to exit with, verdict or "")`."""
-    directory = tempfile.mkdtemp(prefix="kmp-launch-")
-    verdict = os.path.join(directory, "verdict")
-    env = {**os.environ, VERDICT_ENV: verdict}
-    proc = subprocess.Popen(_command(argv), env=env, start_new_session=True)
+def _say(line: str) -> None:
+    sys.stderr.write(f"keras_mpfp16.runtime.launch: {line}\n")
+    sys.stderr.flush()
+
+
+def _pump(source: int, sink: int, filt: VerdictFilter, found: threading.Event) -> None:
+    """Copies the launcher's output (`source`) to ours (`sink`) as it comes,
+    taking the verdicts out; sets `found` at a verdict. Ends at EOF."""
+    writable = True
+
+    def write(data: bytes) -> None:
+        nonlocal writable
+        view = memoryview(data)
+        while view and writable:
+            try:
+                view = view[os.write(sink, view) :]
+            except InterruptedError:
+                continue
+            except OSError:  # our output is gone: keep reading (verdicts)
+                writable = False
+
+    try:
+        while True:
+            try:
+                data = os.read(source, 65536)
+            except InterruptedError:
+                continue
+            except OSError:
+                break
+            if not data:
+                break
+            write(filt.feed(data))
+            if filt.verdicts:
+                found.set()
+        write(filt.finish())
+    finally:
+        os.close(source)
+
+
+def _run_once(argv: list[str], grace: float) -> tuple[int, list[Verdict], str]:
+    """One run of the launcher: `(its status, the verdicts read from its
+    output, how it ended)`. A launcher still running `grace` seconds after
+    the first verdict is killed (its whole process group)."""
+    token = secrets.token_hex(16)
+    env = {**os.environ, VERDICT_ENV: token}
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    proc = subprocess.Popen(
+        _command(argv),
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        bufsize=0,
+    )
+    found = threading.Event()
+    filters = [VerdictFilter(token), VerdictFilter(token)]
+    pumps = []
+    for pipe, sink, filt in zip((proc.stdout, proc.stderr), (1, 2), filters):
+        fd = os.dup(pipe.fileno())
+        pipe.close()
+        pump = threading.Thread(target=_pump, args=(fd, sink, filt, found), daemon=True)
+        pump.start()
+        pumps.append(pump)
 
     def forward(signum, frame):
         sent = signal.SIGUSR1 if signum == signal.SIGTERM else signum
@@ -238,38 +441,36 @@ def _run_once(argv: list[str], grace: float) -> tuple[int, str]:
     previous = {sig: signal.signal(sig, forward) for sig in forwarded}
     try:
         seen, killed = None, False
-        while True:
-            code = proc.poll()
-            if seen is None and os.path.exists(verdict):
+        while proc.poll() is None:
+            if seen is None and found.is_set():
                 seen = time.monotonic()
-            if code is not None:
-                break
             if seen is not None and time.monotonic() - seen >= grace:
-                os.killpg(proc.pid, signal.SIGKILL)
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
                 proc.wait()
                 killed = True
                 break
-            time.sleep(0.2)
-        if seen is None and os.path.exists(verdict):
-            seen = time.monotonic()
-        if seen is None:
-            return _status(proc.returncode), ""
-        with open(verdict) as f:
-            message = f.read().strip()
-        if killed:
-            ended = f"did not end within {grace:g}s of it and was killed"
-        else:
-            ended = f"ended with status {_status(proc.returncode)}"
-        sys.stderr.write(
-            f"keras_mpfp16.runtime.launch: {message}\n"
-            f"keras_mpfp16.runtime.launch: the job lost a rank; the launcher "
-            f"{ended}; exiting with status {NODE_LOST_EXIT_CODE}.\n"
-        )
-        return NODE_LOST_EXIT_CODE, message
+            if seen is None:
+                found.wait(0.2)  # wakes at once at a verdict
+            else:
+                time.sleep(0.2)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        shutil.rmtree(directory, ignore_errors=True)
+    # The last output (a verdict written just before the ranks aborted) may
+    # still be in the pipes; a process left holding them (a daemon out of
+    # the launcher's process group) must not keep the wrapper waiting.
+    deadline = time.monotonic() + _DRAIN
+    for pump in pumps:
+        pump.join(max(0.0, deadline - time.monotonic()))
+    verdicts = [v for f in filters for v in f.verdicts]
+    if killed:
+        ended = f"did not end within {grace:g}s of the verdict and was killed"
+    else:
+        ended = f"ended with status {_status(proc.returncode)}"
+    return _status(proc.returncode), verdicts, ended
 
 
 def _restarts(value: str) -> int:
@@ -283,10 +484,12 @@ def _restarts(value: str) -> int:
 _HELP_EPILOG = f"""\
 what it passes to the job:
   {VERDICT_ENV}
-      the path of a file a rank writes when its heartbeats declare another
-      rank or node lost (added as `-x {VERDICT_ENV}` to Open MPI's
-      mpirun/mpiexec; MPICH / Intel MPI's mpiexec and Slurm's srun pass the
-      environment on by themselves). Set by the wrapper, not by users.
+      a secret token made per launch: a rank whose heartbeats declare another
+      rank or node lost writes one token-marked verdict line on its stderr,
+      which the launcher forwards to this wrapper (added as `-x {VERDICT_ENV}`
+      to Open MPI's mpirun/mpiexec; MPICH / Intel MPI's mpiexec and Slurm's
+      srun pass the environment on by themselves). Set by the wrapper, not by
+      users.
   signals: SIGINT, SIGUSR1, SIGUSR2 are passed on to the launcher; SIGTERM
       is passed on as SIGUSR1 (the ranks stop at a step and save).
 

@@ -66,6 +66,7 @@ from keras_mpfp16.runtime.supervision.stall_messages import (
     Finished,
     Left,
     Report,
+    Suspect,
     Wait,
 )
 
@@ -85,6 +86,8 @@ _CONFLICT_GRACE = 3.0
 _POLL = 0.2
 # How long a finishing rank waits for its last reports to leave.
 _FLUSH_DEADLINE = 10.0
+# Seconds between writing a verdict line and calling MPI_Abort.
+_VERDICT_FLUSH = 1.0
 
 
 class _Local:
@@ -148,7 +151,14 @@ class Inspector:
         self._beat_every = (
             min(1.0, max(_POLL, heartbeat / 10.0)) if heartbeat else float("inf")
         )
+        # Seconds the ranks that noticed rank 0's silence wait for each
+        # other's word (they notice within a beat and a poll of each other).
+        self._agree = 2 * self._beat_every + 1.0 if heartbeat else 0.0
         self._failed = False
+        # Rank 0 lost: when this rank noticed, and which other ranks said
+        # they noticed too (`Suspect`); the lowest of them speaks.
+        self._suspect_since: float | None = None
+        self._suspects: set[int] = set()
         # Point-to-point messages this rank's watcher sent and received, by
         # kind ("Beat", "Wait", ...): what the inspector costs (docs/scaling.md).
         self.sent: dict[str, int] = {}
@@ -313,7 +323,9 @@ class Inspector:
             self._heard[rank] = time.monotonic()
             kind = type(msg).__name__
             self.received[kind] = self.received.get(kind, 0) + 1
-            if self.rank == 0 and not isinstance(msg, Beat):
+            if isinstance(msg, Suspect):
+                self._suspects.add(rank)
+            elif self.rank == 0 and not isinstance(msg, Beat):
                 self._update(rank, msg)
 
     def _check_heartbeats(self) -> None:
@@ -321,15 +333,7 @@ class Inspector:
         if self.rank != 0:
             silent = now - self._heard[0]
             if silent >= self.heartbeat and not self._finished.is_set():
-                self._fail(
-                    f"{self.where(0)} is unreachable from {self.where(self.rank)}: "
-                    f"nothing heard from it for {silent:.0f}s "
-                    f"({HEARTBEAT_ENV}={self.heartbeat:g}). Its node, process or "
-                    "network link failed; MPI would wait for it forever. This rank "
-                    "leaves now.",
-                    local_only=True,
-                    lost=True,
-                )
+                self._rank_0_silent(now, silent)
             return
         with self._lock:
             done = {r for r, e in self.table.items() if isinstance(e, Finished)}
@@ -349,7 +353,48 @@ class Inspector:
                 "A node, process or network link failed; MPI would wait for "
                 f"{'it' if len(lost) == 1 else 'them'} forever.\n  "
                 + self._everyone(snapshot),
-                lost=True,
+                lost=[self.hosts[r] for r in lost],
+            )
+
+    def _rank_0_silent(self, now: float, silent: float) -> None:
+        """Rank 0 has been silent for the heartbeat timeout: tell the other
+        ranks, wait `_agree` seconds for theirs, then leave; the lowest rank
+        that heard (or is) a suspecting rank names rank 0's host as lost for
+        the launch wrapper, the others say who speaks for them. A rank cut
+        off alone hears nobody and speaks for itself; its output cannot
+        reach a launcher on another node."""
+        if self._suspect_since is None:
+            self._suspect_since = now
+            for r in range(1, self.size):
+                if r != self.rank:
+                    self._send_to(r, Suspect())
+            return
+        if now - self._suspect_since < self._agree:
+            return
+        survivors = sorted({self.rank} | self._suspects)
+        speaker = survivors[0]
+        lost = (
+            f"{self.where(0)} is unreachable from "
+            + ", ".join(self.where(r) for r in survivors)
+            + f": nothing heard from it for {silent:.0f}s "
+            f"({HEARTBEAT_ENV}={self.heartbeat:g}). Its node, process or network "
+            "link failed; MPI would wait for it forever."
+        )
+        if speaker == self.rank:
+            others = len(survivors) - 1
+            self._fail(
+                f"{lost} {'These ranks leave' if others else 'This rank leaves'} "
+                f"now; rank {self.rank} speaks for "
+                f"{'them' if others else 'itself'}.",
+                local_only=True,
+                lost=[self.hosts[0]],
+            )
+        else:
+            self._fail(
+                f"{lost} This rank leaves now; rank {speaker} speaks for the "
+                "ranks that still reach each other.",
+                local_only=True,
+                lost=[],
             )
 
     def _describe(self, rank: int, snapshot: dict) -> str:
@@ -452,9 +497,18 @@ class Inspector:
                 f"({ABORT_ENV}).\n  {self._everyone(snapshot)}"
             )
 
-    def _fail(self, message: str, local_only: bool = False, lost: bool = False) -> None:
+    def _fail(
+        self, message: str, local_only: bool = False, lost: list[str] | None = None
+    ) -> None:
+        """Ends the job with `message`. `lost`: the job lost a rank (None: it
+        did not), with the hosts to name in the launch wrapper's verdict (no
+        verdict when empty: another rank speaks); the ranks then exit with
+        `NODE_LOST_EXIT_CODE` (69), never 0."""
         from keras_mpfp16.runtime.supervision.failure import abort_job
-        from keras_mpfp16.runtime.supervision.launch_wrapper import report_lost
+        from keras_mpfp16.runtime.supervision.launch_wrapper import (
+            NODE_LOST_EXIT_CODE,
+            report_lost,
+        )
 
         if self._failed:
             return
@@ -470,13 +524,18 @@ class Inspector:
                 "stall inspector ends the job", "stall", {"message": message}, "g"
             )
             recorder.flush()
+        sys.stderr.flush()
+        if lost is None:
+            abort_job(1)
+            return
         if lost:  # the launcher may never end by itself: tell the wrapper
-            report_lost(f"{head}: {message}", replace=not local_only)
-            # ... and end a plain mpirun waiting for the lost node's daemon.
-            launcher_daemon.end_later(
-                env.get("END_LAUNCHER_AFTER"), self.where(self.rank)
-            )
-        abort_job(1)
+            report_lost(f"{head}: {message}", lost)
+            # Let this node's launcher daemon forward the verdict before
+            # MPI_Abort makes it end the job.
+            time.sleep(_VERDICT_FLUSH)
+        # ... and end a plain mpirun waiting for the lost node's daemon.
+        launcher_daemon.end_later(env.get("END_LAUNCHER_AFTER"), self.where(self.rank))
+        abort_job(NODE_LOST_EXIT_CODE)
 
 
 # How to get MPI_THREAD_MULTIPLE, per MPI (also in the doctor and docs).
@@ -609,6 +668,7 @@ def configure(
         if heartbeat is not None and _inspector.heartbeat:
             _inspector.heartbeat = heartbeat
             _inspector._beat_every = min(1.0, max(_POLL, heartbeat / 10.0))
+            _inspector._agree = 2 * _inspector._beat_every + 1.0
 
 
 def inspector() -> Inspector | None:

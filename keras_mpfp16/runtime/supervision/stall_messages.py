@@ -70,5 +70,14 @@ class Beat:
     kind: ClassVar[str] = "beat"
 
 
+@dataclass(frozen=True)
+class Suspect:
+    """Rank 0 has been silent for the heartbeat timeout: sent by a rank that
+    noticed it to every other rank but 0, so the ranks that still reach each
+    other agree on who speaks for them (the lowest-numbered)."""
+
+    kind: ClassVar[str] = "suspect"
+
+
 # What rank 0's table holds for a rank.
 Report = Wait | Finished
