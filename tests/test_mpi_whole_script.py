@@ -4,7 +4,8 @@ Replica state (issue 11) and stock Keras workflows (issue 12): unseeded
 ranks, BatchNorm, frozen layers, stock EarlyStopping / ReduceLROnPlateau /
 ModelCheckpoint / CSVLogger / BackupAndRestore left on every rank, unsharded
 validation data, evaluate / predict / load_model on all ranks or on rank 0
-alone. The job is tests/mpi_scripts/whole_script.py.
+alone. The job is tests/mpi_scripts/whole_script.py (keras.io's Conv1D
+classifier: tests/mpi_scripts/conv1d_script.py, issue 38).
 """
 
 import os
