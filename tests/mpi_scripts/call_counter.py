@@ -1,6 +1,6 @@
 """Counts the MPI calls the library makes, by communicator method and purpose.
 
-`with counting() as calls:` swaps the library's communicator for a proxy
+`with counting() as calls:` swaps the library's communicators for proxies
 that counts every collective method called on it, keyed by the method and
 the name the library gives the collective (an observer registered with
 `runtime.mpi.observers` sees it), so a
@@ -48,13 +48,17 @@ def counting():
             _names.pop()
 
     w = world.world()
-    comm = w.comm
+    # The library's communicator and the train/test steps' own (issue 38:
+    # `world.channel`).
+    saved = {a: getattr(w, a) for a in ("comm", "train_comm", "test_comm")}
     observers.register(named)
-    w.comm = CountingComm(comm, calls)
+    for a, comm in saved.items():
+        setattr(w, a, CountingComm(comm, calls))
     try:
         yield calls
     finally:
-        w.comm = comm
+        for a, comm in saved.items():
+            setattr(w, a, comm)
         observers.unregister(named)
 
 
