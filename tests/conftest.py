@@ -9,7 +9,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(__file__))
 
 # -- every test that starts an MPI job is marked `mpi` ------------------------------
-# `pytest -m "not mpi"` (the quick command, CONTRIBUTING.md) must start no job.
+# `pytest -m "not mpi"` (CONTRIBUTING.md) must start no job.
 # A test without the marker that starts a launcher, directly or through the
 # launch wrapper (`kmp-launch mpirun ...`), fails naming the command. Asking a
 # launcher its version (`mpirun --version`) starts no job and is allowed, and
@@ -17,7 +17,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 # count). Not seen: a job started by a child process (a Python script run by
 # the test that itself runs mpirun).
 
-MPI_LAUNCHERS = frozenset({"mpirun", "mpiexec", "orterun", "prterun", "srun", "sbatch"})
+MPI_LAUNCHERS = frozenset(
+    {"mpirun", "mpiexec", "mpiexec.hydra", "orterun", "prterun", "srun", "sbatch"}
+)
 _NOT_A_JOB = frozenset({"--version", "-V", "--help", "-h"})
 
 
