@@ -555,11 +555,9 @@ def main(argv: list[str] | None = None) -> None:
     """`kmp-launch [--max-restarts K] LAUNCHER ARG...`; `-h` for the options."""
     argv = sys.argv[1:] if argv is None else argv
     script = os.path.basename(sys.argv[0]) if sys.argv else ""
-    prog = (
-        "kmp-launch"
-        if script == "kmp-launch"
-        else ("python -m keras_mpfp16.runtime.launch")
-    )
+    prog = "python -m keras_mpfp16.runtime.launch"
+    if script == "kmp-launch":
+        prog = "kmp-launch"
     parser = _parser(prog)
     args, unknown = parser.parse_known_args(argv)
     if unknown:
@@ -575,6 +573,8 @@ def main(argv: list[str] | None = None) -> None:
         try:
             sys.exit(run(command, max_restarts=args.max_restarts))
         except OSError as e:  # found but could not be started (exec format)
+            if e.filename != command[0]:
+                raise  # another file (a hostfile, the temporary directory)
             problem = (
                 127 if isinstance(e, FileNotFoundError) else 126,
                 f"cannot run launcher {command[0]!r}: {e.strerror or e}",
