@@ -120,12 +120,24 @@ class MPIResult:
     seconds: float
 
     def records(self) -> list[dict]:
-        """JSON objects printed one per line by the ranks."""
+        """JSON objects printed one per line by the ranks.
+
+        Hydra's `mpiexec` forwards each write of a rank as it comes, and
+        `print` writes the text and its newline separately, so two ranks'
+        objects can share a line (`{...}{...}`): each is read.
+        """
+        decoder = json.JSONDecoder()
         out = []
         for line in self.stdout.splitlines():
             line = line.strip()
-            if line.startswith("{") and line.endswith("}"):
-                out.append(json.loads(line))
+            if not (line.startswith("{") and line.endswith("}")):
+                continue
+            at = 0
+            while line.startswith("{", at):
+                obj, at = decoder.raw_decode(line, at)
+                out.append(obj)
+            if at and at != len(line):
+                raise ValueError(f"a line of JSON records with more: {line!r}")
         return sorted(out, key=lambda r: r.get("rank", 0))
 
     def describe(self) -> str:

@@ -13,6 +13,8 @@
   nan          rank 1's inputs are NaN from batch 2 on (--policy float32/mixed_float16)
   diverge      rank 1 perturbs its weights after batch 4; replica check every 2 steps
   stall        rank 1 sleeps 5 s before a barrier (the test sets a 2 s stall timeout)
+  hang-step    rank 1 sleeps an hour inside its 4th train step (in a layer; the
+               test sets a short KERAS_MPFP16_HANG_TIMEOUT)
   ckpt-crash   4 epochs with AtomicModelCheckpoint(--ckpt); rank 0 is SIGKILLed
                half-way through writing the 3rd checkpoint
   ckpt-resume  load --ckpt's checkpoint on every rank and finish the 4 epochs
@@ -136,6 +138,8 @@ class FailingLayer(keras.layers.Layer):
             self.calls += 1
             if rank == FAULTY and self.calls == 4:
                 stamp()
+                if fault == "hang-step":
+                    time.sleep(3600)  # a step that never returns
                 raise ValueError("injected failure inside a layer")
             return v
 
@@ -146,7 +150,7 @@ class FailingLayer(keras.layers.Layer):
 
 units = 9 if fault == "mismatch" and rank == FAULTY else 8
 layers = [keras.Input((6, 3))]
-if fault == "exception-layer":
+if fault in ("exception-layer", "hang-step"):
     layers.append(FailingLayer())
 layers += [keras.layers.LSTM(units), keras.layers.Dense(1, dtype="float32")]
 model = keras.Sequential(layers)
