@@ -322,6 +322,24 @@ register(
     "Rank 0's value is used on every rank.",
 )
 register(
+    "HANG_TIMEOUT",
+    "float",
+    1800.0,
+    minimum=0.0,
+    read="at init()",
+    value_doc="seconds",
+    doc="End a job that makes no progress for this long: a collective has "
+    "kept ranks waiting this many seconds, because a rank never arrives (a "
+    "step, callback or input pipeline that never returns) or the collective "
+    "itself never completes. One message names the rank that did not arrive, "
+    "its host and what it was last doing. The default, 30 minutes, is far "
+    "above any legitimate wait measured or reported (a first XLA compile, a "
+    "large evaluation or a slow checkpoint on one rank: minutes); `0` never "
+    "ends a hang. Needs the stall inspector (`KERAS_MPFP16_STALL_TIMEOUT` "
+    "not `0`). Rank 0's value is used on every rank. See "
+    "[Reliability](reliability.md#a-hung-job-ends).",
+)
+register(
     "HEARTBEAT_TIMEOUT",
     "float",
     30.0,

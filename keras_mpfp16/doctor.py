@@ -79,6 +79,7 @@ def _affinity() -> list[int]:
 
 def _rank_row() -> dict[str, Any]:
     launch = launcher.detect()
+    node_gpus = gpus.node_gpus()
     return {
         "rank": world.rank(),
         "host": socket.gethostname(),
@@ -88,8 +89,12 @@ def _rank_row() -> dict[str, Any]:
         "launcher_local_rank": launch.local_rank if launch else None,
         "cpus": _affinity(),
         "node_cores": threads.node_cores(),
-        "gpus": gpus.node_gpus(),
+        "gpus": node_gpus,
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        # Which physical GPUs (UUID, PCI bus id): the sharing check compares
+        # these, not CUDA_VISIBLE_DEVICES, which is "0" on every task that a
+        # launcher bound to a GPU of its own.
+        "gpu_identity": gpus.gpu_identities() if node_gpus else None,
         "threads": {k: os.environ.get(k) for k in _THREAD_VARS},
         "threads_by_kmp": sorted(threads.applied),
         # What the framework computes on: asked of TensorFlow itself (through
@@ -192,22 +197,49 @@ def check_sharing(rows: list[dict[str, Any]], report: Report) -> None:
                     "`mpirun --bind-to core --map-by ppr:K:node:PE=C`), start fewer "
                     "ranks per node, or set KERAS_MPFP16_THREADS=INTRA,INTER",
                 )
-        # GPUs: ranks of one host seeing the same GPUs (all of them when
-        # CUDA_VISIBLE_DEVICES is unset) would all use the first one.
         if group[0]["gpus"] and len(group) > 1:
-            seen: dict[str, list[int]] = {}
-            for r in group:
-                visible = r["cuda_visible_devices"]
-                key = "all" if visible is None else visible
-                seen.setdefault(key, []).append(r["rank"])
-            shared = {k: v for k, v in seen.items() if len(v) > 1}
-            if shared:
-                what = "; ".join(f"ranks {v} see GPUs {k}" for k, v in shared.items())
-                report.problem(
-                    f"host {host}: {what}: they would all compute on one GPU",
-                    "call kmp.bind_gpus() before building the model, or "
-                    "`srun --gpus-per-task=1`",
-                )
+            _check_gpu_sharing(host, group, report)
+
+
+def _gpu_name(identity: dict[str, str]) -> str:
+    uuid, bus = identity.get("uuid"), identity.get("pci_bus_id")
+    return f"{uuid} (PCI {bus})" if uuid and bus else (uuid or bus or "?")
+
+
+def _check_gpu_sharing(host: str, group: list[dict[str, Any]], report: Report) -> None:
+    """Ranks of one host computing on one physical GPU.
+
+    Each rank computes on its first visible GPU. Compared by the GPU's
+    identity (UUID, else PCI bus id) when every rank could ask the driver:
+    `CUDA_VISIBLE_DEVICES=0` on every task is one GPU each when a launcher
+    bound each task to its own (`srun --gpus-per-task=1`), and ranks on
+    different hosts never share. Only without identities (no driver to ask)
+    are the `CUDA_VISIBLE_DEVICES` strings compared, unset meaning all.
+    """
+    seen: dict[str, list[int]] = {}
+    if all(r.get("gpu_identity") is not None for r in group):
+        names: dict[str, str] = {}
+        for r in group:
+            if not r["gpu_identity"]:
+                continue  # every GPU hidden: the CPU, by choice
+            first = r["gpu_identity"][0]
+            key = first.get("uuid") or first.get("pci_bus_id") or "?"
+            names[key] = _gpu_name(first)
+            seen.setdefault(key, []).append(r["rank"])
+        shared = {names[k]: v for k, v in seen.items() if len(v) > 1}
+        what = "; ".join(f"ranks {v} compute on GPU {k}" for k, v in shared.items())
+    else:
+        for r in group:
+            visible = r["cuda_visible_devices"]
+            seen.setdefault("all" if visible is None else visible, []).append(r["rank"])
+        shared = {k: v for k, v in seen.items() if len(v) > 1}
+        what = "; ".join(f"ranks {v} see GPUs {k}" for k, v in shared.items())
+    if shared:
+        report.problem(
+            f"host {host}: {what}: they would all compute on one GPU",
+            "call kmp.bind_gpus() before building the model, or "
+            "`srun --gpus-per-task=1`",
+        )
 
 
 def _time_allreduce(comm, MPI, nbytes: int, repeats: int) -> tuple[float, bool]:

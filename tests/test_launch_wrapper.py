@@ -1,13 +1,16 @@
 """The launch wrapper: the verdict token's variable passed the way the
-launcher takes it (Open MPI's `-x VAR`; nothing added for MPICH / Intel
-MPI's Hydra `mpiexec`, which passes the whole environment by default and
-rejects `-x`, or an unknown launcher), the verdict channel through the
-ranks' forwarded standard error (output passed through unchanged, forged
-verdicts refused, no shared filesystem needed), restarts and the host
-list. Stand-in launchers (shell scripts) record their arguments; the real
-Open MPI `mpirun` is checked too."""
+launcher takes it (Open MPI's `-x VAR`; `-genv VAR VALUE` for MPICH / Intel
+MPI's Hydra `mpiexec`, which rejects `-x`; nothing added for an unknown
+launcher), the verdict channel through the ranks' forwarded standard error
+(output passed through unchanged, forged verdicts refused, no shared
+filesystem needed), restarts and the host list in Open MPI's and Hydra's
+forms. Stand-in launchers (shell scripts) record their arguments; the real
+launcher beside this Python (Open MPI's, or Hydra's in the `mpich` end) is
+checked too."""
 
 from __future__ import annotations
+
+import re
 
 import sys
 
@@ -18,6 +21,8 @@ from keras_mpfp16.runtime.supervision import launch_wrapper
 VERSIONS = {
     "open-mpi": "mpirun (Open MPI) 5.0.11\n\nReport bugs to https://www.open-mpi.org/community/help/",
     "hydra": "HYDRA build details:\n    Version:                                 4.1.2\n",
+    "intel": "Intel(R) MPI Library for Linux* OS, Version 2021.18.1 Build 20260626 "
+    "(id: b44796a)\nCopyright 2003-2026, Intel Corporation.\n",
     "other": "some launcher 1.0\n",
 }
 
@@ -37,26 +42,33 @@ def _stand_in(tmp_path, version: str):
     return script, record
 
 
-@pytest.mark.parametrize("kind", ["open-mpi", "hydra", "other"])
+@pytest.mark.parametrize("kind", ["open-mpi", "hydra", "intel", "other"])
 def test_verdict_variable_is_passed_as_the_launcher_takes_it(tmp_path, kind):
     script, record = _stand_in(tmp_path, VERSIONS[kind])
-    assert launch_wrapper.launcher_kind(str(script)) == kind
+    expected = "hydra" if kind == "intel" else kind
+    assert launch_wrapper.launcher_kind(str(script)) == expected
     assert launch_wrapper.run([str(script), "-np", "2", "python", "x.py"]) == 0
     args = record.read_text().split("\n")
     if kind == "open-mpi":
         assert args[:2] == ["-x", launch_wrapper.VERDICT_ENV], args
-    else:
+    elif expected == "hydra":
+        assert args[:2] == ["-genv", launch_wrapper.VERDICT_ENV], args
+        assert re.fullmatch("[0-9a-f]{32}", args[2]) and args[3:5] == ["-np", "2"], args
         assert "-x" not in args, args
+    else:
+        assert "-x" not in args and "-genv" not in args, args
         assert args[:2] == ["-np", "2"], args
     # The launcher's own environment has it either way (Hydra and srun pass
     # their environment on to the ranks).
     assert "env-set" in args
 
 
-def test_the_real_mpirun_is_open_mpi():
-    from mpi_launch import mpirun_path
+def test_the_real_mpirun_is_known():
+    from mpi_launch import mpi_kind, mpirun_path
 
-    assert launch_wrapper.launcher_kind(mpirun_path()) == "open-mpi"
+    kind = mpi_kind()  # the test helper's own reading
+    assert kind in ("open-mpi", "hydra")
+    assert launch_wrapper.launcher_kind(mpirun_path()) == kind
     assert launch_wrapper.launcher_kind(sys.executable) == "other"
     assert launch_wrapper.launcher_kind("/nonexistent/mpiexec") == "other"
 
@@ -359,6 +371,62 @@ def test_a_verdict_naming_rank_0s_host_restarts_on_the_rest_until_none_left(
         .rstrip()
         .endswith("no host is left to restart on without n3; exiting with status 69.")
     )
+
+
+def test_hydra_host_lists_are_rewritten_too(tmp_path):
+    """Hydra's (MPICH, Intel MPI) forms: `-hosts a,b` / `a:2,b:2`, `-ppn N`
+    for hosts without a count, `-f hostfile` with `name:N` or bare names,
+    `-n`/`-np`; the program's own arguments are left alone."""
+    drop = launch_wrapper.without_hosts
+    program = ["python", "t.py", "-n", "9", "-f", "config.yaml"]
+    out, dropped = drop(
+        ["mpiexec", "-n", "6", "-hosts", "n1:2,n2:2,n3:2", *program], ["n2"]
+    )
+    assert out == ["mpiexec", "-n", "4", "-hosts", "n1:2,n3:2", *program]
+    assert dropped == 2
+    out, dropped = drop(
+        ["mpiexec", "-np", "8", "-ppn", "4", "-hosts", "n1,n2", *program], ["n1"]
+    )
+    assert out == ["mpiexec", "-np", "4", "-ppn", "4", "-hosts", "n2", *program]
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("n1:2\nn2:2\nn3\n")
+    out, dropped = drop(
+        ["mpiexec", "-f", str(hostfile), "-n", "5", *program], ["n1", "n3"]
+    )
+    assert dropped == 3 and out[4] == "2", out
+    assert open(out[2]).read() == "n2:2\n"
+    assert out[5:] == program
+    # `-f`, `-n` after the program are the program's: nothing to rewrite.
+    argv = ["mpiexec", "-n", "2", "python", "t.py", "-f", "n3"]
+    assert drop(argv, ["n3"]) == (argv, 0)
+
+
+def test_settings_reach_the_ranks_through_the_real_launcher(tmp_path):
+    """`pass_settings` with the launcher beside this Python (Open MPI's
+    `-x`, Hydra's `-genv`): a variable the launcher's own environment lacks
+    reaches every rank with the value given (Hydra) or the launcher's
+    (Open MPI takes it from its environment, which the wrapper sets)."""
+    import os
+    import subprocess
+
+    from mpi_launch import launch_command, mpi_env, mpi_kind
+
+    name, value = "KERAS_MPFP16_TEST_PASSED", "through the launcher"
+    argv = launch_command(2, *(["-genvnone"] if mpi_kind() == "hydra" else []))
+    cmd = launch_wrapper.pass_settings(argv, {name: value}) + [
+        sys.executable,
+        "-c",
+        f"import os; print(os.environ.get({name!r}))",
+    ]
+    env = mpi_env()
+    if mpi_kind() == "open-mpi":
+        env[name] = value  # -x NAME passes the launcher's own value
+    else:
+        env.pop(name, None)  # -genvnone: only what -genv passes arrives
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.splitlines().count(value) == 2, (out.stdout, out.stderr[-2000:])
+    assert os.environ.get(name) is None
 
 
 def test_kmp_launch_console_script_runs_the_wrapper(tmp_path):

@@ -9,6 +9,7 @@ jobs are in tests/test_slurm.py.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -303,3 +304,54 @@ def test_pmix_security_mode_chosen_before_mpi_starts():
     assert mine["PMIX_MCA_psec"] == "munge"  # the user's choice stays
     assert launcher.prepare_mpi_environment({"PMIX_SECURITY_MODE": "munge"}) == {}
     assert launcher.prepare_mpi_environment({}) == {}
+
+
+# -- Hydra's PMI_SIZE, for real (the `mpich` end of .ci/run) --------------------
+
+_HYDRA_PROBE = (
+    "import json, keras_mpfp16 as kmp\n"
+    "from keras_mpfp16.runtime.process import launcher_env as le\n"
+    "found = le.detect()\n"
+    "kmp.init()\n"
+    "print(json.dumps({'rank': kmp.rank(), 'world': kmp.size(), 'launcher': "
+    "found.launcher, 'size': found.size, 'local': [found.local_rank, "
+    "found.local_size]}))\n"
+)
+
+
+@pytest.mark.mpi
+def test_world_size_check_reads_hydras_pmi_size_for_real():
+    """Under Hydra's `mpiexec -n 2` (MPICH or Intel MPI beside this Python):
+    the launcher is read from `PMI_SIZE`/`PMI_RANK`/`MPI_LOCALRANKID` and
+    agrees with MPI's world; a rank whose MPI cannot reach Hydra's PMI (its
+    `PMI_FD` dropped before MPI starts: the rank's MPI starts a world of one,
+    as another MPI's library would) is refused, naming Hydra's 2 processes."""
+    from mpi_launch import launch_command, mpi_env, mpi_kind
+
+    if mpi_kind() != "hydra":
+        pytest.skip("needs Hydra's mpiexec beside this Python (.ci/run's mpich end)")
+    run = [sys.executable, "-c", _HYDRA_PROBE]
+    good = subprocess.run(
+        launch_command(2) + run,
+        env=mpi_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert good.returncode == 0, good.stderr[-3000:]
+    rows = sorted(
+        (json.loads(ln) for ln in good.stdout.splitlines() if ln.startswith("{")),
+        key=lambda r: r["rank"],
+    )
+    assert [(r["rank"], r["world"], r["size"]) for r in rows] == [(0, 2, 2), (1, 2, 2)]
+    assert all("Hydra" in r["launcher"] for r in rows), rows
+    assert sorted(tuple(r["local"]) for r in rows) == [(0, 2), (1, 2)]
+    cut = launch_command(2) + ["env", "-u", "PMI_FD", "-u", "PMI_PORT", *run]
+    bad = subprocess.run(
+        cut, env=mpi_env(), capture_output=True, text=True, timeout=300
+    )
+    assert bad.returncode != 0, bad.stdout + bad.stderr[-3000:]
+    assert "WorldSizeMismatchError" in bad.stderr, bad.stderr[-3000:]
+    assert "Hydra) started 2 processes" in bad.stderr, bad.stderr[-3000:]
+    assert "the MPI world has 1 process" in bad.stderr
+    assert "'world'" not in bad.stdout

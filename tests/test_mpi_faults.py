@@ -140,6 +140,38 @@ def test_stall_warning_names_the_missing_rank():
     assert "'barrier'" in result.stderr
 
 
+def test_a_rank_hung_in_a_step_ends_the_job_naming_it_and_the_setting(tmp_path):
+    """Rank 1 sleeps (GIL released, heartbeats alive) inside its 16th train
+    step (epoch 2: the first step's tracing, which can keep one rank
+    waiting many seconds on a loaded machine, is over); rank 0 waits in
+    that step's gradient allreduce. Without a hang timeout the job warns
+    forever; with KERAS_MPFP16_HANG_TIMEOUT=15 it ends 15 s after the wait
+    began, in one message naming the rank, its host, what it was doing and
+    the setting."""
+    stamp = tmp_path / "hung_at"
+    result = faulty_run(
+        "--fault",
+        "hang-step",
+        "--stamp",
+        str(stamp),
+        env={"KERAS_MPFP16_HANG_TIMEOUT": "15", "KERAS_MPFP16_STALL_TIMEOUT": "2"},
+        timeout=180,
+    )
+    elapsed = time.time() - float(stamp.read_text())
+    assert elapsed < 15 + 45, f"job ended {elapsed:.1f}s after the rank hung"
+    err = result.stderr
+    assert err.count("no progress for") == 1, result.describe()
+    assert re.search(
+        r"no progress for \d+s: rank 1 \(host [^)]+\) has not arrived: it left "
+        r"collective #\d+ '[^']*' and has been outside MPI since \(in train "
+        r"step 15: its computation, or a callback or the input pipeline",
+        err,
+    ), result.describe()
+    assert "while rank 0 waits in collective #" in err
+    assert "train step 15'" in err  # the collective rank 0 waits in
+    assert "KERAS_MPFP16_HANG_TIMEOUT=15 seconds" in err
+
+
 def test_crash_during_checkpoint_write_keeps_the_previous_one_and_resume_works(
     tmp_path,
 ):

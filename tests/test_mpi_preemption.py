@@ -14,7 +14,14 @@ import time
 import uuid
 
 import pytest
-from mpi_launch import SCRIPTS, MPIResult, mpi_env, mpirun_path, run_mpi
+from mpi_launch import (
+    SCRIPTS,
+    MPIResult,
+    launch_command,
+    mpi_env,
+    mpirun_path,
+    run_mpi,
+)
 from slurm_launch import slurm  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.mpi
@@ -29,12 +36,7 @@ def ok(result: MPIResult) -> list[dict]:
 
 def _launch(np_: int, args: list[str], env: dict) -> subprocess.Popen:
     cmd = [
-        mpirun_path(),
-        "-np",
-        str(np_),
-        "--oversubscribe",
-        "--bind-to",
-        "none",
+        *launch_command(np_),
         sys.executable,
         str(SCRIPTS / "preempt.py"),
         *args,

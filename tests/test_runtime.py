@@ -227,6 +227,90 @@ def test_cuda_aware_override_and_detection(monkeypatch):
     assert isinstance(cuda.cuda_aware(), bool)  # the CPU wheel: queried, no error
 
 
+class _FakeMPICH:
+    """A libmpi that exports only MPICH's `MPIX_GPU_query_support`, built
+    for one GPU kind: it answers 1 for that kind's constant, 0 otherwise."""
+
+    def __init__(self, built_for: int):
+        self.asked: list[int] = []
+
+        def query(gpu_type, out):
+            self.asked.append(gpu_type.value)
+            out._obj.value = int(gpu_type.value == built_for)
+            return 0
+
+        self.MPIX_GPU_query_support = query
+
+
+@pytest.mark.parametrize(
+    "built_for, aware",
+    [(cuda.MPIX_GPU_SUPPORT_CUDA, True), (cuda.MPIX_GPU_SUPPORT_ZE, False)],
+)
+def test_mpich_gpu_query_asks_for_cuda_by_the_headers_constant(built_for, aware):
+    """A CUDA build that exports only MPICH's generic query reads as
+    CUDA-aware, a Level Zero build as not (the old code asked for 1 = ZE)."""
+    lib = _FakeMPICH(built_for)
+    found, reason = cuda._query_library(["libmpi.so.12"], load=lambda path: lib)
+    assert found is aware, reason
+    assert lib.asked == [0], lib.asked
+    assert "MPIX_GPU_query_support(MPIX_GPU_SUPPORT_CUDA)" in reason
+
+
+def _installed_header(*names):
+    import sysconfig
+
+    for base in (sys.prefix, sysconfig.get_paths()["data"]):
+        for name in names:
+            path = os.path.join(base, "include", name)
+            if os.path.exists(path):
+                return open(path).read()
+    return None
+
+
+def test_gpu_query_constants_are_the_installed_mpis_own():
+    """The constants against the header of the MPI installed beside this
+    Python: MPICH's / Intel MPI's mpi.h (the `mpich` end of CI), Open MPI's
+    mpiext_cuda_c.h (its query takes no kind)."""
+    import re
+
+    from mpi4py import MPI
+
+    version = MPI.Get_library_version()
+    if "Open MPI" in version:
+        header = _installed_header("openmpi/mpiext/mpiext_cuda_c.h")
+        if header is None:
+            pytest.skip("Open MPI's mpiext_cuda_c.h is not installed here")
+        assert "MPIX_Query_cuda_support(void)" in header
+        assert "MPIX_GPU_query_support" not in (_installed_header("mpi.h") or "")
+        return
+    header = _installed_header("mpi.h")
+    if header is None:
+        pytest.skip(f"no mpi.h beside this Python ({version.splitlines()[0]})")
+    defined = dict(re.findall(r"#define (MPIX_GPU_SUPPORT_\w+)\s+\((\d+)\)", header))
+    assert int(defined["MPIX_GPU_SUPPORT_CUDA"]) == cuda.MPIX_GPU_SUPPORT_CUDA
+    assert int(defined["MPIX_GPU_SUPPORT_ZE"]) == cuda.MPIX_GPU_SUPPORT_ZE
+
+
+def test_the_real_librarys_queries_answer_without_error(monkeypatch):
+    """Each query the loaded libmpi exports, asked for real, one at a time
+    (MPICH's and Intel MPI's export both; no GPU build here: not
+    CUDA-aware)."""
+    import ctypes
+
+    from mpi4py import MPI  # noqa: F401
+
+    paths = cuda._loaded_libmpi_paths()
+    assert paths, "no libmpi loaded"
+    exported = [
+        q for q in cuda.QUERIES if any(hasattr(ctypes.CDLL(p), q) for p in paths)
+    ]
+    assert exported, paths
+    for query in exported:
+        monkeypatch.setattr(cuda, "QUERIES", (query,))
+        found, reason = cuda._query_library(paths)
+        assert found is False and reason.startswith(query), reason
+
+
 def test_host_arrays_are_not_device_arrays():
     assert not cuda.is_device_array(np.zeros(3))
 

@@ -335,3 +335,67 @@ def test_a_rank_that_declares_a_loss_exits_69_and_reports_only_named_hosts(
         insp = _insp(size=3)
         insp._fail("x", lost=lost)
         assert calls == expected, (lost, calls)
+
+
+def test_no_progress_for_the_hang_timeout_ends_the_job_naming_the_late_rank(
+    monkeypatch,
+):
+    """Rank 0 (and rank 2) wait in train step 8's gradient allreduce; rank 1
+    never arrives. Before `hang` seconds: warnings only; at `hang`: one
+    failure naming rank 1, its host, the collective it left (rank 0's
+    previous one), the step it is in and the setting."""
+    insp = _insp(size=3)
+    insp.hang = 1800.0
+    failures = []
+    monkeypatch.setattr(insp, "_fail", lambda m, **kw: failures.append(m))
+    grad = "gradient allreduce, bucket 1/1, train step 8"
+    with insp.collective("metrics allreduce, train step 7"):
+        pass
+    clock = [10_000.0]
+    monkeypatch.setattr(stall.time, "time", lambda: clock[0])
+    insp.local.seq += 1  # rank 0 now inside #2, the gradient allreduce
+    insp.local.previous, insp.local.name = insp.local.name, grad
+    insp.local.since = 0.0
+    insp.table = {0: Wait(2, grad, clock[0], 7), 2: Wait(2, grad, clock[0], 7)}
+    clock[0] += 1799.0
+    insp._check()
+    assert failures == []
+    clock[0] += 1.0
+    insp._check()
+    assert len(failures) == 1
+    msg = failures[0]
+    assert msg.startswith(
+        "no progress for 1800s: rank 1 (host node2) has not arrived: it left "
+        "collective #1 'metrics allreduce, train step 7' and has been outside "
+        "MPI since (in train step 8: its computation, or a callback or the input "
+        "pipeline before it), while ranks 0, 2 wait in collective #2 "
+        f"'{grad}'. The job ends now (KERAS_MPFP16_HANG_TIMEOUT=1800 seconds"
+    ), msg
+    assert "\n  rank 1 (host node2): not in a collective" in msg
+
+
+def test_no_progress_when_every_rank_waits_names_the_collective():
+    from keras_mpfp16.runtime.supervision.stall_diagnosis import no_progress
+
+    now = time.time()
+    waiting = {0: Wait(5, "barrier", now, None), 1: Wait(5, "barrier", now, None)}
+    msg = no_progress(
+        60,
+        waiting,
+        2,
+        lambda r: f"rank {r} (host h{r})",
+        (5, "barrier", "x", True),
+        "KERAS_MPFP16_HANG_TIMEOUT=60",
+    )
+    assert msg.startswith(
+        "no progress for 60s: every rank (rank 0 (host h0), rank 1 (host h1)) "
+        "waits in collective #5 'barrier', which does not complete"
+    ), msg
+
+
+def test_hang_timeout_defaults_to_30_minutes_and_is_validated(monkeypatch):
+    monkeypatch.delenv(stall.HANG_ENV, raising=False)
+    assert env.get("HANG_TIMEOUT") == 1800.0
+    monkeypatch.setenv(stall.HANG_ENV, "-5")
+    with pytest.raises(ValueError, match="KERAS_MPFP16_HANG_TIMEOUT must be >= 0"):
+        env.get("HANG_TIMEOUT")

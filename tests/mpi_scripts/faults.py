@@ -13,6 +13,9 @@
   nan          rank 1's inputs are NaN from batch 2 on (--policy float32/mixed_float16)
   diverge      rank 1 perturbs its weights after batch 4; replica check every 2 steps
   stall        rank 1 sleeps 5 s before a barrier (the test sets a 2 s stall timeout)
+  hang-step    rank 1 sleeps an hour inside its 16th train step (epoch 2, after
+               the first step's tracing; in a layer; the test sets a short
+               KERAS_MPFP16_HANG_TIMEOUT)
   ckpt-crash   4 epochs with AtomicModelCheckpoint(--ckpt); rank 0 is SIGKILLed
                half-way through writing the 3rd checkpoint
   ckpt-resume  load --ckpt's checkpoint on every rank and finish the 4 epochs
@@ -134,7 +137,10 @@ class FailingLayer(keras.layers.Layer):
     def call(self, inputs):
         def check(v):
             self.calls += 1
-            if rank == FAULTY and self.calls == 4:
+            if rank == FAULTY and fault == "hang-step" and self.calls == 16:
+                stamp()
+                time.sleep(3600)  # a step that never returns
+            if rank == FAULTY and fault != "hang-step" and self.calls == 4:
                 stamp()
                 raise ValueError("injected failure inside a layer")
             return v
@@ -146,7 +152,7 @@ class FailingLayer(keras.layers.Layer):
 
 units = 9 if fault == "mismatch" and rank == FAULTY else 8
 layers = [keras.Input((6, 3))]
-if fault == "exception-layer":
+if fault in ("exception-layer", "hang-step"):
     layers.append(FailingLayer())
 layers += [keras.layers.LSTM(units), keras.layers.Dense(1, dtype="float32")]
 model = keras.Sequential(layers)

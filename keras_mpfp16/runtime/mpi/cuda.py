@@ -41,24 +41,51 @@ def _loaded_libmpi_paths() -> list[str]:
         return []
 
 
-def _query_library() -> tuple[bool, str]:
-    """Asks the loaded MPI library whether it was built with CUDA support."""
-    from mpi4py import MPI  # noqa: F401  (loads libmpi into the process)
+# `MPIX_GPU_query_support(gpu_type, &is_supported)`'s first argument, as the
+# MPIs' own headers define it: MPICH's mpi.h (5.0.2 from PyPI) and Intel
+# MPI's (2021.19, `impi-devel`) both say `MPIX_GPU_SUPPORT_CUDA (0)`,
+# `MPIX_GPU_SUPPORT_ZE (1)`, MPICH's `MPIX_GPU_SUPPORT_HIP (2)`. Open MPI's
+# mpi-ext.h (5.0.x) has no such call: `MPIX_Query_cuda_support(void)`
+# (mpiext_cuda_c.h). tests/test_runtime.py reads the installed MPI's header
+# and checks these.
+MPIX_GPU_SUPPORT_CUDA = 0
+MPIX_GPU_SUPPORT_ZE = 1
 
-    paths = _loaded_libmpi_paths()
+# The queries, in the order asked: the CUDA-only call first (Open MPI; MPICH
+# >= 4.1 and Intel MPI export it too), then MPICH's generic one (all MPICH
+# 4.x builds).
+QUERIES = ("MPIX_Query_cuda_support", "MPIX_GPU_query_support")
+
+
+def _query_library(
+    paths: list[str] | None = None, load=ctypes.CDLL
+) -> tuple[bool, str]:
+    """Asks the loaded MPI library whether it was built with CUDA support.
+
+    Args:
+        paths: The libmpi files to ask (default: those loaded in this process).
+        load: Opens one (`ctypes.CDLL`); a seam for tests.
+    """
+    if paths is None:
+        from mpi4py import MPI  # noqa: F401  (loads libmpi into the process)
+
+        paths = _loaded_libmpi_paths()
     for path in paths:
         try:
-            lib = ctypes.CDLL(path)
+            lib = load(path)
         except OSError:
             continue
-        for symbol in ("MPIX_Query_cuda_support", "MPIX_GPU_query_support"):
+        for symbol in QUERIES:
             fn = getattr(lib, symbol, None)
             if fn is None:
                 continue
             if symbol == "MPIX_GPU_query_support":  # MPICH: (gpu_type, *is_supported)
                 out = ctypes.c_int(0)
-                if fn(ctypes.c_int(1), ctypes.byref(out)) == 0:  # 1 = CUDA
-                    return bool(out.value), f"{symbol} of {path}: {out.value}"
+                if fn(ctypes.c_int(MPIX_GPU_SUPPORT_CUDA), ctypes.byref(out)) == 0:
+                    return (
+                        bool(out.value),
+                        f"{symbol}(MPIX_GPU_SUPPORT_CUDA) of {path}: {out.value}",
+                    )
                 continue
             # Open MPI: only meaningful when its CUDA component is present,
             # which it reports at run time.

@@ -1,13 +1,15 @@
 """One GPU per local rank: which devices, from the launcher's variables.
 
 The device choice (`select_devices`) and setting `CUDA_VISIBLE_DEVICES`
-(`bind`). Whether it comes too late - a framework has already set up its
+(`bind`); which physical GPUs a process can use (`gpu_identities`: UUID and
+PCI bus id, asked of the CUDA driver, for the doctor's sharing check). Whether it comes too late - a framework has already set up its
 devices - is asked of the backend layer (`keras_mpfp16.backend.devices`,
 where the public `kmp.bind_gpus` lives): this module imports no framework.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 from collections.abc import Callable
 
@@ -24,6 +26,68 @@ def node_gpus() -> int:
         return len(os.listdir("/proc/driver/nvidia/gpus"))
     except OSError:
         return 0
+
+
+def _load_cuda_driver():
+    return ctypes.CDLL("libcuda.so.1")
+
+
+# Opens the CUDA driver library; a seam for tests (a fake driver).
+cuda_driver: Callable[[], object] = _load_cuda_driver
+
+_CUDA_SUCCESS = 0
+_CUDA_ERROR_NO_DEVICE = 100
+
+
+def _uuid_text(raw: bytes) -> str:
+    """16 bytes as `nvidia-smi` writes a GPU's UUID (`GPU-8-4-4-4-12`)."""
+    h = raw.hex()
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+def gpu_identities() -> list[dict[str, str]] | None:
+    """The physical GPUs this process can use, in CUDA's order.
+
+    Asked of the CUDA driver (`cuDeviceGetUuid`, `cuDeviceGetPCIBusId`), so
+    it honours `CUDA_VISIBLE_DEVICES` and the device cgroup a launcher put
+    the process in: under `srun --gpus-per-task=1` every task sees
+    `CUDA_VISIBLE_DEVICES=0`, and this names the one GPU each really has.
+    The first entry is the GPU a framework computes on by default.
+
+    Returns:
+        `[{"uuid": "GPU-...", "pci_bus_id": "00000000:3B:00.0"}, ...]` (`[]`
+        when every GPU is hidden), or None when the driver cannot be asked
+        (no NVIDIA driver, or an error).
+    """
+    try:
+        lib = cuda_driver()
+    except OSError:
+        return None
+    status = lib.cuInit(0)
+    if status == _CUDA_ERROR_NO_DEVICE:
+        return []
+    count = ctypes.c_int(0)
+    if status != _CUDA_SUCCESS or lib.cuDeviceGetCount(ctypes.byref(count)):
+        return None
+    get_uuid = getattr(lib, "cuDeviceGetUuid_v2", None) or getattr(
+        lib, "cuDeviceGetUuid", None
+    )
+    found = []
+    for ordinal in range(count.value):
+        device = ctypes.c_int(0)
+        if lib.cuDeviceGet(ctypes.byref(device), ordinal):
+            return None
+        one: dict[str, str] = {}
+        raw = (ctypes.c_ubyte * 16)()
+        if get_uuid is not None and get_uuid(raw, device) == _CUDA_SUCCESS:
+            one["uuid"] = _uuid_text(bytes(raw))
+        bus = ctypes.create_string_buffer(64)
+        if lib.cuDeviceGetPCIBusId(bus, ctypes.c_int(64), device) == _CUDA_SUCCESS:
+            one["pci_bus_id"] = bus.value.decode()
+        if not one:
+            return None
+        found.append(one)
+    return found
 
 
 def parse_visible(value: str | None) -> list[str] | None:

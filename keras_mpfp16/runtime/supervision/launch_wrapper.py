@@ -17,9 +17,10 @@ launcher forwards it like any output, so it reaches the wrapper wherever
 the wrapper runs (a login node, a batch node) with no shared filesystem,
 and only from ranks whose node still reaches the launcher (a cut-off node's
 output does not get through). The token is a random secret made per launch
-and given to the ranks in `KERAS_MPFP16_LAUNCH_VERDICT` (added with `-x` to
-an Open MPI `mpirun`/`mpiexec`, found by its `--version`; Hydra's `mpiexec`
-of MPICH / Intel MPI and `srun` pass the environment on by default): a
+and given to the ranks in `KERAS_MPFP16_LAUNCH_VERDICT` (added with `-x VAR`
+to an Open MPI `mpirun`/`mpiexec` and with `-genv VAR VALUE` to Hydra's
+`mpiexec`/`mpirun` of MPICH / Intel MPI, each found by its `--version`;
+`srun` passes the environment on by default): a
 line with another token (a forged or stale verdict, another job's output)
 is passed on as output and not acted on. Every other byte is passed on
 unchanged and at once (`VerdictFilter`); verdict lines are taken out.
@@ -227,55 +228,101 @@ def launcher_kind(program: str) -> str:
         return "other"
     if any(name in text for name in ("Open MPI", "OpenRTE", "PRRTE", "prterun")):
         return "open-mpi"
-    if "HYDRA" in text.upper():
+    # MPICH's and MVAPICH's say "HYDRA build details"; Intel MPI's (Hydra
+    # too) only "Intel(R) MPI Library ... Version 2021.18".
+    if "HYDRA" in text.upper() or "Intel(R) MPI" in text:
         return "hydra"
     return "other"
 
 
-def _command(argv: list[str]) -> list[str]:
-    """The launcher command with the verdict file's variable passed to the
-    ranks: Open MPI's `-x VAR`; nothing for Hydra (`mpiexec` of MPICH, Intel
-    MPI, MVAPICH passes the whole environment by default: its `-genvall`),
-    Slurm's `srun` (the same) or another command."""
-    if os.path.basename(argv[0]) in _MPI_LAUNCHERS:
-        if launcher_kind(argv[0]) == "open-mpi":
-            return [argv[0], "-x", VERDICT_ENV, *argv[1:]]
-    return list(argv)
+def pass_settings(argv: list[str], settings: dict[str, str]) -> list[str]:
+    """The launcher command with `settings` (environment variables) passed to
+    every rank: Open MPI's `-x NAME` (the value from the launcher's own
+    environment); Hydra's `-genv NAME VALUE` (`mpiexec` of MPICH, Intel MPI,
+    MVAPICH pass the whole environment by default, but not after a user's
+    `-genvnone`; they reject `-x`); nothing for Slurm's `srun` (it passes the
+    environment) or another command."""
+    if os.path.basename(argv[0]) not in _MPI_LAUNCHERS or not settings:
+        return list(argv)
+    kind = launcher_kind(argv[0])
+    if kind == "open-mpi":
+        flags = [w for name in settings for w in ("-x", name)]
+    elif kind == "hydra":
+        flags = [w for name, v in settings.items() for w in ("-genv", name, v)]
+    else:
+        return list(argv)
+    return [argv[0], *flags, *argv[1:]]
+
+
+def _command(argv: list[str], token: str) -> list[str]:
+    """The launcher command with the verdict token's variable passed to the ranks."""
+    return pass_settings(argv, {VERDICT_ENV: token})
 
 
 def _status(code: int) -> int:
     return 128 - code if code < 0 else code
 
 
-_HOST_FLAGS = ("--host", "-H", "-host", "--hosts")
+# Open MPI's and Hydra's (MPICH, Intel MPI) spellings.
+_HOST_FLAGS = ("--host", "-H", "-host", "--hosts", "-hosts")
+_HOSTFILE_FLAGS = ("--hostfile", "-hostfile", "--machinefile", "-machinefile", "-f")
 _NP_FLAGS = ("-np", "-n", "--np", "-c")
+_PPN_FLAGS = ("-ppn", "-perhost")  # Hydra: ranks per host
+
+
+def _options_end(argv: list[str]) -> int:
+    """Where the launcher's options end: the program (`python`, a path, an
+    executable on PATH) after them; the program's own arguments (`-f
+    config.yaml`, `-n 5`) are never read as the launcher's."""
+    for i in range(1, len(argv)):
+        arg = argv[i]
+        if arg.startswith("-") or argv[i - 1] in (*_NP_FLAGS, *_PPN_FLAGS):
+            continue
+        if "python" in os.path.basename(arg) or shutil.which(arg):
+            return i
+    return len(argv)
 
 
 def without_hosts(argv: list[str], lost: list[str]) -> tuple[list[str], int]:
-    """`argv` with the `lost` hosts dropped from `--host`/`-H` lists and
-    `--hostfile`/`-hostfile`/`--machinefile` files (a new file beside the old
-    one) and `-np`/`-n` lowered by their slots. Returns `(argv, slots
-    dropped)`; `argv` unchanged when no lost host is listed."""
+    """`argv` with the `lost` hosts dropped from host lists (`--host`/`-H`;
+    Hydra's `-hosts a,b` or `a:2,b:2`) and host files (`--hostfile`,
+    `--machinefile`, Hydra's `-f`: `name slots=N` or `name:N` lines; a new
+    file beside the old one), and `-np`/`-n` lowered by their slots (a host
+    without a count: Hydra's `-ppn N` if given, else 1). Returns `(argv,
+    slots dropped)`; `argv` unchanged when no lost host is listed."""
     out, dropped = list(argv), 0
-    for i, arg in enumerate(out[:-1]):
+    end = _options_end(out)
+    ppn = next(
+        (
+            int(out[i + 1])
+            for i in range(end - 1)
+            if out[i] in _PPN_FLAGS and out[i + 1].isdigit()
+        ),
+        1,
+    )
+    for i, arg in enumerate(out[: end - 1]):
         if arg in _HOST_FLAGS:
             kept = []
             for entry in out[i + 1].split(","):
                 name, _, slots = entry.partition(":")
                 if name in lost:
-                    dropped += int(slots) if slots.isdigit() else 1
+                    dropped += int(slots) if slots.isdigit() else ppn
                 else:
                     kept.append(entry)
             out[i + 1] = ",".join(kept)
-        elif arg in ("--hostfile", "-hostfile", "--machinefile", "-machinefile"):
+        elif arg in _HOSTFILE_FLAGS:
             with open(out[i + 1]) as f:
                 lines = f.read().splitlines()
             kept = []
             for line in lines:
                 words = line.split()
-                if words and words[0] in lost:
+                name, _, count = words[0].partition(":") if words else ("", "", "")
+                if name in lost:
                     slots = re.search(r"slots=(\d+)", line)
-                    dropped += int(slots.group(1)) if slots else 1
+                    if slots:
+                        dropped += int(slots.group(1))
+                    else:
+                        dropped += int(count) if count.isdigit() else ppn
                 else:
                     kept.append(line)
             path = f"{out[i + 1]}.kmp-survivors"
@@ -283,7 +330,7 @@ def without_hosts(argv: list[str], lost: list[str]) -> tuple[list[str], int]:
                 f.write("\n".join(kept) + "\n")
             out[i + 1] = path
     if dropped:
-        for i, arg in enumerate(out[:-1]):
+        for i, arg in enumerate(out[: end - 1]):
             if arg in _NP_FLAGS and out[i + 1].isdigit():
                 out[i + 1] = str(int(out[i + 1]) - dropped)
                 break
@@ -413,7 +460,7 @@ def _run_once(argv: list[str], grace: float) -> tuple[int, list[Verdict], str]:
         except Exception:
             pass
     proc = subprocess.Popen(
-        _command(argv),
+        _command(argv, token),
         env=env,
         start_new_session=True,
         stdout=subprocess.PIPE,
@@ -487,9 +534,9 @@ what it passes to the job:
       a secret token made per launch: a rank whose heartbeats declare another
       rank or node lost writes one token-marked verdict line on its stderr,
       which the launcher forwards to this wrapper (added as `-x {VERDICT_ENV}`
-      to Open MPI's mpirun/mpiexec; MPICH / Intel MPI's mpiexec and Slurm's
-      srun pass the environment on by themselves). Set by the wrapper, not by
-      users.
+      to Open MPI's mpirun/mpiexec, as `-genv {VERDICT_ENV} TOKEN` to Hydra's
+      mpiexec of MPICH / Intel MPI; Slurm's srun passes the environment on by
+      itself). Set by the wrapper, not by users.
   signals: SIGINT, SIGUSR1, SIGUSR2 are passed on to the launcher; SIGTERM
       is passed on as SIGUSR1 (the ranks stop at a step and save).
 

@@ -23,6 +23,10 @@ Rank 0 watches the reports and
   the rank and its host; a rank that has not heard from rank 0 for that long
   leaves by itself, naming rank 0 and its host (the launcher may be
   unreachable too, so it does not rely on it);
+* ends a job that makes no progress for `hang` seconds (a collective that
+  has kept ranks waiting that long), naming the rank that did not arrive,
+  its host and what it was last doing (`KERAS_MPFP16_HANG_TIMEOUT`, 30
+  minutes by default);
 * optionally aborts a stall (or, on rank 0, a wait for the others at exit)
   that lasts `abort_after` seconds.
 
@@ -59,6 +63,7 @@ from keras_mpfp16.runtime.supervision.stall_diagnosis import (
     cause_different,
     cause_finished,
     describe,
+    no_progress,
     train_step_of,
 )
 from keras_mpfp16.runtime.supervision.stall_messages import (
@@ -73,6 +78,7 @@ from keras_mpfp16.runtime.supervision.stall_messages import (
 # Registered (with their defaults) in _settings.py.
 TIMEOUT_ENV = env.setting("STALL_TIMEOUT").name
 ABORT_ENV = env.setting("STALL_ABORT").name
+HANG_ENV = env.setting("HANG_TIMEOUT").name
 HEARTBEAT_ENV = env.setting("HEARTBEAT_TIMEOUT").name
 DEFAULT_TIMEOUT = env.setting("STALL_TIMEOUT").default
 DEFAULT_HEARTBEAT = env.setting("HEARTBEAT_TIMEOUT").default
@@ -96,6 +102,7 @@ class _Local:
     def __init__(self):
         self.seq = 0  # collectives entered so far
         self.name = ""  # name of the current (or last) collective
+        self.previous = ""  # name of the collective before it
         self.since: float | None = None  # monotonic time of entry, None when not inside
         self.reported_seq = 0  # last seq reported to rank 0 as waiting
         self.last_step: int | None = None  # train step of the last train collective
@@ -111,6 +118,8 @@ class Inspector:
         heartbeat: seconds of silence after which a rank is declared lost
             (0 = no heartbeats).
         hosts: every rank's host name, in rank order (for messages).
+        hang: end the job after this many seconds without progress
+            (0 = never).
     """
 
     def __init__(
@@ -120,8 +129,10 @@ class Inspector:
         abort_after: float,
         heartbeat: float = 0.0,
         hosts: list[str] | None = None,
+        hang: float = 0.0,
     ):
         self.comm = comm
+        self.hang = hang
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         self.timeout = timeout
@@ -178,6 +189,7 @@ class Inspector:
         local = self.local
         with self._state_lock:
             local.seq += 1
+            local.previous = local.name
             local.name = name
             local.since = time.monotonic()
             step = train_step_of(name)
@@ -471,6 +483,15 @@ class Inspector:
                     scope="g",
                 )
                 recorder.flush()
+        if self.hang and stalled >= self.hang:
+            with self._state_lock:
+                local = self.local
+                own = (local.seq, local.name, local.previous, local.since is not None)
+            setting = f"{HANG_ENV}={self.hang:g}"
+            self._fail(
+                no_progress(stalled, waiting, self.size, self.where, own, setting)
+                + f"\n  {everyone}"
+            )
         if self.abort_after and stalled >= self.abort_after:
             self._fail(f"stalled for {stalled:.0f}s ({ABORT_ENV}).\n  {everyone}")
 
@@ -590,11 +611,12 @@ def start(comm) -> Inspector | None:
         return None
     # Rank 0's settings for everyone: an inspector on some ranks only would
     # leave rank 0 waiting at exit for reports that never come.
-    timeout, abort_after, heartbeat = comm.bcast(
+    timeout, abort_after, heartbeat, hang = comm.bcast(
         (
             env.get("STALL_TIMEOUT"),
             env.get("STALL_ABORT"),
             env.get("HEARTBEAT_TIMEOUT"),
+            env.get("HANG_TIMEOUT"),
         ),
         root=0,
     )
@@ -607,7 +629,7 @@ def start(comm) -> Inspector | None:
     hosts = comm.allgather(MPI.Get_processor_name())
     if _inspector is not None:
         _inspector.finish()
-    _inspector = Inspector(comm.Dup(), timeout, abort_after, heartbeat, hosts)
+    _inspector = Inspector(comm.Dup(), timeout, abort_after, heartbeat, hosts, hang)
     _inspector._thread.start()
     atexit.register(_finish_at_exit, _inspector)
     return _inspector

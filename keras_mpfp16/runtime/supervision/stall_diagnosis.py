@@ -117,3 +117,70 @@ def cause_different(waiting: dict[int, Wait]) -> str:
         "callback's collective on some ranks only). Every rank must make the "
         "same collective calls in the same order."
     )
+
+
+def no_progress(
+    stalled: float,
+    waiting: dict[int, Wait],
+    size: int,
+    where,
+    rank0: tuple[int, str, str, bool],
+    setting: str,
+) -> str:
+    """Why a job that made no progress for `stalled` seconds is ended.
+
+    Args:
+        stalled: Seconds the oldest waiting rank has waited.
+        waiting: The ranks waiting in a collective (rank 0's table).
+        size: Ranks in the job.
+        where: `rank -> 'rank 2 (host node3)'`.
+        rank0: Rank 0's own state: `(collectives entered, the last one's
+            name, the one before's name, inside a collective now)`.
+        setting: `'NAME=value'` of the setting that ended it.
+    """
+    seq, name = min((e.seq, e.name) for e in waiting.values())
+    missing = [r for r in range(size) if r not in waiting]
+    ends = (
+        f"The job ends now ({setting} seconds; raise it if a step can "
+        "legitimately take longer, 0 never ends a hang)."
+    )
+    if not missing:
+        who = ", ".join(where(r) for r in sorted(waiting))
+        return (
+            f"no progress for {stalled:.0f}s: every rank ({who}) waits in "
+            f"collective #{seq} {name!r}, which does not complete: the network "
+            f"or the MPI library is stuck. {ends}"
+        )
+    # Every rank numbers the library's collectives alike: a rank that has
+    # not arrived in #seq left #seq-1. Its name is rank 0's, when rank 0 was
+    # there.
+    r0_seq, r0_name, r0_previous, r0_inside = rank0
+    if r0_seq == seq:
+        before = r0_previous
+    elif r0_seq == seq - 1 and not r0_inside:
+        before = r0_name
+    else:
+        before = ""
+    doing = []
+    for r in missing:
+        last = f"#{seq - 1} {before!r}" if before else f"#{seq - 1}"
+        if r == 0 and r0_seq != seq - 1:
+            last = f"#{r0_seq} {r0_name!r}"
+        # The step whose collective the others wait in is the one it is in.
+        step = train_step_of(name)
+        after = (
+            f"in train step {step}: its computation, or a callback or the "
+            "input pipeline before it"
+            if step is not None
+            else "computing, or stuck in a call outside MPI"
+        )
+        doing.append(
+            f"{where(r)} has not arrived: it left collective {last} and has "
+            f"been outside MPI since ({after})"
+        )
+    waiters = ", ".join(str(r) for r in sorted(waiting))
+    return (
+        f"no progress for {stalled:.0f}s: {'; '.join(doing)}, while rank"
+        f"{'s' if len(waiting) > 1 else ''} {waiters} wait{'' if len(waiting) > 1 else 's'} "
+        f"in collective #{seq} {name!r}. {ends}"
+    )
