@@ -11,7 +11,6 @@ checked too."""
 from __future__ import annotations
 
 import re
-
 import sys
 
 import pytest
