@@ -63,10 +63,10 @@ from keras_mpfp16.runtime.mpi import collectives, cuda, ring, wire, world
 
 _H = wire.HEADER_WORDS
 # 16-bit rows of at most this many values (per rank, per bucket) on the host
-# take numpy between the collectives (`_lowp`): below it numpy's owner's sum
-# was 1.2-74x faster than the XLA-fused one on this machine (loaded, rows of
-# 256-4096 values at N = 2 and 4), above ~64Ki values slower
-# (docs/benchmarks.md, "The per-collective cost").
+# take numpy between the collectives (`_lowp`): numpy's owner's sum was
+# faster than the XLA-fused one at every size up to 32Ki values at N = 2, 4
+# and 8, and slower at 256Ki (examples/benchmarks/owner_sum_cost.py, a loaded
+# 2-core machine; docs/benchmarks.md, "The per-collective cost").
 HOST_NUMPY_MAX_ELEMENTS = 2**15
 
 
