@@ -52,6 +52,13 @@ def test_in_step_reduction_wires_paths_step_check_and_call_counts(np_):
         assert r["cupy_imported"] is False  # DLPack straight into mpi4py
         for wire in WIRES:
             assert r[f"paths_bitwise_equal_{wire}"], wire
+        for wire in ("float16", "bfloat16"):
+            # Small rows: numpy between the collectives (it ran: owner's sums
+            # counted), the same bits as eager TensorFlow (forced: none).
+            assert r[f"small_rows_numpy_owner_sums_{wire}"] > 0, r
+            assert r[f"small_rows_eager_owner_sums_{wire}"] == 0, r
+            assert r[f"small_rows_numpy_equal_{wire}"], wire
+            assert r[f"small_rows_eager_equal_{wire}"], wire
         for path in ("host", "dlpack"):
             for wire in ("float16", "bfloat16"):
                 # Ring allgather: same bytes as MPI's Allgather; it ran at 3+.

@@ -5,7 +5,8 @@ argument and setting errors. Real `mpirun` at np=2 and 3: ranks that
 measure different times still apply one decision (rank 0's, from the
 slowest rank's numbers), the step is re-traced with the chosen wire, the
 timeline shows the decision, a pinned wire is respected without measuring,
-a sparse-only model stays on float32, and the real probe runs.
+a sparse-only model stays on float32, the real probe runs, and a second
+`fit` of the same model neither measures nor re-traces.
 """
 
 import json
@@ -52,6 +53,15 @@ def test_drift_watch_fires_on_a_change_of_the_median_step_time():
     assert fired == [False, False, False, True]
     watch.reset()
     assert watch.baseline is None
+
+
+def test_trial_steps_fit_the_steps_left_or_leave_the_reductions_to_decide():
+    assert wire_tuner.trial_steps(None, 1) == wire_tuner.TRIAL_STEPS
+    assert wire_tuner.trial_steps(100, 1) == wire_tuner.TRIAL_STEPS
+    assert wire_tuner.trial_steps(9, 1) == 4  # a 10-step fit decided at step 1
+    assert wire_tuner.trial_steps(7, 1) == wire_tuner.MIN_TRIAL_STEPS
+    assert wire_tuner.trial_steps(6, 1) == 0
+    assert wire_tuner.trial_steps(6, 0) == wire_tuner.MIN_TRIAL_STEPS
 
 
 def test_wire_dtype_and_pin_errors_name_the_value_and_the_choices():
@@ -168,3 +178,45 @@ def test_real_probe_measures_both_wires_and_agrees(tmp_path):
     assert d["buckets"] and set(d["seconds"]) == {"float32", "float16"}
     assert all(r["decision"] == d for r in recs)
     assert {r["effective"] for r in recs} == {d["wire_dtype"]}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    "warmup, trial",
+    # 10 steps: the trial (4 steps per wire) ends inside the warm-up fit and
+    # whole steps return it to float32, whose function is installed again
+    # (traced once). 4 steps: too few for a trial; the reductions' float16
+    # is applied and traced at once, inside the warm-up.
+    [(10, True), (4, False)],
+)
+def test_a_second_fit_neither_measures_nor_retraces(warmup, trial, tmp_path):
+    res = run_mpi(2, "wire_auto_refit.py", str(warmup), "6", timeout=300)
+    assert res.returncode == 0, res.describe()
+    recs = res.records()
+    assert len(recs) == 2, res.describe()
+    for r in recs:
+        first, second = r["fits"]
+        assert first["measured"] == 1
+        # The first trace runs twice (it creates the optimizer's variables),
+        # then float16 once (trial or decision); float32 is not traced again.
+        assert first["traced"] == 3
+        assert len(first["wires"]) == warmup
+        # The second fit: no measurement, no trial, no trace, one wire.
+        assert "measured" not in second and "confirmed" not in second
+        assert "traced" not in second, second
+        assert len(set(second["wires"])) == 1
+        if trial:
+            assert first["confirmed"] == 1
+            # 1 + 4 steps on float32, 1 (the trace) + 4 on float16; the
+            # callback recording them runs before the decision's.
+            assert first["wires"] == ["float32"] * 5 + ["float16"] * 5
+            assert r["decision"]["wire_dtype"] == "float32"
+            assert "4 per wire" in r["decision"]["reason"]
+        else:
+            assert "confirmed" not in first
+            assert first["wires"][1:] == ["float16"] * (warmup - 1)
+            assert r["decision"]["wire_dtype"] == "float16"
+            assert "too few steps left" in r["decision"]["reason"]
+        assert set(second["wires"]) == {r["decision"]["wire_dtype"]}
+    assert recs[0]["decision"] == recs[1]["decision"]
+    assert recs[0]["weights_bytes"] == recs[1]["weights_bytes"]

@@ -1561,6 +1561,117 @@ def fault_exit_times(folder):
     return md(["fault", *(f"run {i + 1}" for i in range(n))], rows)
 
 
+@table("wire_auto_refit")
+def wire_auto_refit(folder):
+    d = load(folder, "wire_auto_refit.json")
+    rounds = d["per_round"]
+    configs = list(rounds[0])
+    rows = []
+    for c in configs:
+        runs = [r[c] for r in rounds]
+        timed = [x["fits"][-1] for x in runs]
+        ratio = statistics.median(
+            r[c]["samples_per_s"] / r["float16"]["samples_per_s"] for r in rounds
+        )
+        rows.append(
+            [
+                f"`{c}`",
+                fmt_list([x["samples_per_s"] for x in runs], "{:.1f}"),
+                fmt_list([x["fit_samples_per_s"] for x in runs], "{:.1f}"),
+                ", ".join(x["effective"] for x in runs),
+                ", ".join(
+                    f"{t.get('traces', 0)}/{t.get('measurements', 0)}/"
+                    f"{t.get('confirmations', 0)}"
+                    for t in timed
+                ),
+                f"{ratio:.2f}",
+            ]
+        )
+    loads = [x["load"][i] for r in rounds for x in r.values() for i in (0, 1)]
+    trial = ", reductions' timings forced to favour float16" if d["force_trial"] else ""
+    return (
+        f"*np={d['np']} on one box, model `{d['model']}`, warm-up fit of "
+        f"{d['warmup']} steps then a timed fit of {d['steps']}{trial}; "
+        f"{len(rounds)} interleaved rounds; loaded machine, load average "
+        f"{min(loads):.0f}-{max(loads):.0f}*\n\n"
+        + md(
+            [
+                "configuration",
+                "timed fit, samples/s after its first step (per round)",
+                "whole timed fit, samples/s",
+                "wire it ran",
+                "second fit: traces / measurements / trials",
+                "/ float16 (median of per-round ratios)",
+            ],
+            rows,
+        )
+    )
+
+
+@table("collective_cost")
+def collective_cost(folder):
+    d = load(folder, "collective_cost.json")
+    res = d["results"]
+    versions = res if d.get("before") else {"now": res}
+    ranks = list(next(iter(versions.values())))
+    header = ["layer"] + [f"N={n} {v}" for n in ranks for v in versions]
+    layers = list(next(iter(versions.values()))[ranks[0]][0]["layers"])
+    rows = []
+    for layer in layers:
+        row = [f"`{layer}`"]
+        for n in ranks:
+            for v in versions.values():
+                row.append(
+                    fmt_list([job["layers"][layer]["median_us"] for job in v[n]])
+                )
+        rows.append(row)
+    loads = [
+        x
+        for v in versions.values()
+        for jobs in v.values()
+        for j in jobs
+        for x in j["load"]
+    ]
+    return (
+        f"*{d['elements']} float32 values per call, {d['calls']} calls x "
+        f"{d['reps']} repetitions per job (median, slowest rank), {d['cores']} "
+        f"cores; loaded machine, load average {min(loads):.0f}-{max(loads):.0f}; "
+        "microseconds per call*\n\n" + md(header, rows)
+    )
+
+
+@table("owner_sum_cost")
+def owner_sum_cost(folder):
+    d = load(folder, "owner_sum_cost.json")
+    rows = [
+        [
+            r["ranks"],
+            f"{r['values']:,}",
+            fmt_list(r["us"]["tensorflow"]),
+            fmt_list(r["us"]["numpy"]),
+            f"{r['median_us']['tensorflow'] / r['median_us']['numpy']:.1f}",
+            "yes" if r["same_bits"] else "**no**",
+        ]
+        for r in d["rows"]
+    ]
+    return (
+        f"*one process, {d['calls']} calls per round, {d['rounds']} interleaved "
+        f"rounds; loaded machine, load average {d['load'][0]:.0f}-"
+        f"{d['load'][1]:.0f}; microseconds per call*\n\n"
+        + md(
+            [
+                "N rows",
+                "values per row",
+                "TensorFlow (XLA-fused), per round",
+                "numpy, per round",
+                "TensorFlow / numpy (medians)",
+                "same bits",
+            ],
+            rows,
+        )
+    )
+
+
 # -- figures quoted in prose --------------------------------------------------------
 # (page, function of the JSON folder returning a phrase the page must contain)
 

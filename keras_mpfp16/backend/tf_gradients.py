@@ -37,10 +37,12 @@ from keras_mpfp16.backend.buckets import plan_buckets, sparse_is_cheaper
 from keras_mpfp16.backend.tf_order import ordered
 from keras_mpfp16.backend.tf_path import (
     aligned_empty,
+    aligned_words,
     dlpack_buffer,
     empty_like_device,
     graph_finite,
     host_finite,
+    host_tensor,
     on_gpu,
     reduction_path,
     sync_device,
@@ -60,6 +62,12 @@ from keras_mpfp16.runtime import trace
 from keras_mpfp16.runtime.mpi import collectives, cuda, ring, wire, world
 
 _H = wire.HEADER_WORDS
+# 16-bit rows of at most this many values (per rank, per bucket) on the host
+# take numpy between the collectives (`_lowp`): numpy's owner's sum was
+# faster than the XLA-fused one at every size up to 32Ki values at N = 2, 4
+# and 8, and slower at 256Ki (examples/benchmarks/owner_sum_cost.py, a loaded
+# 2-core machine; docs/benchmarks.md, "The per-collective cost").
+HOST_NUMPY_MAX_ELEMENTS = 2**15
 
 
 # -- the host functions run inside the step ------------------------------------------
@@ -187,8 +195,35 @@ def _lowp(
             f"{name} (ring)",
         )
 
+    def reduce_small_on_host(words, name):
+        # A small bucket on the host: numpy between the two collectives
+        # instead of eager TensorFlow (no Empty ops, no XLA launch for the
+        # owner's sum; each costs 100s of us to ms of dispatch on a loaded
+        # core, more than the transfer). `wire.owner_sum` sums in rank order
+        # in float32 like the fused TensorFlow stage: the same bits
+        # (tests/test_wire.py), so every rank gets what the eager path gives.
+        recv = aligned_words(n, int(words.shape[1]))
+        collectives.alltoall_into(dlpack_buffer(words), recv, f"{name} (alltoall)")
+        outputs = []
+        if k:
+            table = wire.slots_from_words(recv[:, _H : _H + k])
+            check_step_table(table, label)
+            outputs.append(tf.constant(table, tf.int64))
+        mine = wire.owner_sum(recv, wire_dtype, k)
+        gathered = aligned_words(n, mine.shape[1])
+        collectives.allgather_into(mine, gathered, name, block_bytes=mine.shape[1] * 2)
+        cuda.path_counts["host"] += 1
+        cuda.path_counts["dlpack"] += 1
+        return [host_tensor(gathered), *outputs]
+
     def reduce(words, step):
         name = f"{label}, train step {int(step)}"
+        if (
+            schedule != "ring"
+            and int(words.shape[1]) - _H - k <= HOST_NUMPY_MAX_ELEMENTS
+            and not on_gpu(words)
+        ):
+            return reduce_small_on_host(words, name)
         staged = on_gpu(words) and not device_buffers
         if staged:
             with tf.device("/CPU:0"):

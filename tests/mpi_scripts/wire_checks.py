@@ -29,6 +29,7 @@ from keras_mpfp16.backend import tf_gradients as tg  # noqa: E402
 from keras_mpfp16.backend import tf_path  # noqa: E402
 from keras_mpfp16.runtime import progress  # noqa: E402
 from keras_mpfp16.runtime.mpi import cuda, ring  # noqa: E402
+from keras_mpfp16.runtime.mpi import wire as wire_codec  # noqa: E402
 
 runtime.init()
 rank, n = runtime.rank(), runtime.size()
@@ -153,6 +154,35 @@ for wire in WIRES:
         np.array_equal(a, b)
         for a, b in zip(results[("host", wire)], results[("dlpack", wire)])
     )
+
+# Small 16-bit rows on the host take numpy between the two collectives
+# (tf_gradients.HOST_NUMPY_MAX_ELEMENTS); with the threshold below every row
+# they take eager TensorFlow and its XLA-fused owner's sum, as before: the
+# same bits either way. numpy's owner_sum is counted to show which ran.
+os.environ[cuda.ENV_OVERRIDE] = "0"
+tf_path._reset_reduction_path()
+_numpy_owner_sum, owner_calls = wire_codec.owner_sum, []
+
+
+def counted_owner_sum(*args, **kwargs):
+    owner_calls.append(1)
+    return _numpy_owner_sum(*args, **kwargs)
+
+
+wire_codec.owner_sum = counted_owner_sum
+saved_numpy_max = tg.HOST_NUMPY_MAX_ELEMENTS
+for wire_dtype in ("float16", "bfloat16"):
+    for threshold in (saved_numpy_max, -1):
+        tg.HOST_NUMPY_MAX_ELEMENTS = threshold
+        del owner_calls[:]
+        got, _ = reduce([*grads, tiny, huge, emb], wire_dtype, bucket_bytes=2100)
+        key = "numpy" if threshold >= 0 else "eager"
+        out[f"small_rows_{key}_owner_sums_{wire_dtype}"] = len(owner_calls)
+        out[f"small_rows_{key}_equal_{wire_dtype}"] = all(
+            np.array_equal(a, b) for a, b in zip(got, results[("host", wire_dtype)])
+        )
+tg.HOST_NUMPY_MAX_ELEMENTS = saved_numpy_max
+wire_codec.owner_sum = _numpy_owner_sum
 
 # The ring allgather (runtime/mpi/ring.py, used for large rows at 3+ ranks)
 # moves the same bytes as MPI's Allgather: the 16-bit reductions again with

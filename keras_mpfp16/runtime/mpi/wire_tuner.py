@@ -19,7 +19,10 @@ this job's links and picks:
    measured.
 4. When the reductions favour float16, whole train steps decide: the next
    `TRIAL_STEPS` steps run on the float32 wire, then (the step re-traced,
-   one step not counted for the trace) `TRIAL_STEPS` on the float16 wire;
+   one step not counted for the trace) `TRIAL_STEPS` on the float16 wire
+   (fewer, down to `MIN_TRIAL_STEPS`, when the `fit` has fewer steps left:
+   `trial_steps`; with fewer still the reductions' choice stands, so that
+   the trial always ends inside the `fit` that started it);
    rank 0 takes each wire's slowest-rank median step time and keeps
    float16 only when it is faster by more than `MARGIN` (`confirm`), else
    the step is re-traced on float32. The reductions alone do not see what
@@ -59,6 +62,7 @@ CANDIDATES = ("float32", "float16")
 PAIRS = 3  # interleaved (float32, float16) timings per bucket size
 MARGIN = 0.02  # float16 must beat float32 by more than this (relative)
 TRIAL_STEPS = 5  # timed train steps per wire when the reductions favour float16
+MIN_TRIAL_STEPS = 3  # fewer steps left in the fit: the reductions decide alone
 DRIFT = 0.25  # relative change of the median step time that re-measures
 CHECK_EVERY = 50  # steps between drift checks (one tiny broadcast each)
 
@@ -185,6 +189,29 @@ def needs_steps(decision: Decision) -> bool:
     return decision.wire_dtype == "float16" and bool(decision.seconds)
 
 
+def trial_steps(steps_left: int | None, traces: int) -> int:
+    """How many whole steps per wire the trial times, 0 for no trial.
+
+    Pure; the caller makes the answer the same on every rank.
+
+    Args:
+        steps_left: train steps (calls of the train function) this `fit` has
+            left after the current one, minus those that cannot be timed
+            (the first step of each later epoch); None when unknown (a
+            generator without `steps_per_epoch`).
+        traces: how many of those steps a re-trace takes (not timed).
+
+    Returns:
+        `TRIAL_STEPS` when unknown or when they fit; else as many as fit,
+        or 0 when fewer than `MIN_TRIAL_STEPS` fit (the reductions decide).
+    """
+    if steps_left is None:
+        return TRIAL_STEPS
+    fit = max(0, steps_left - traces) // len(CANDIDATES)
+    n = min(TRIAL_STEPS, fit)
+    return n if n >= MIN_TRIAL_STEPS else 0
+
+
 def confirm(candidate: Decision, step_times: dict[str, list[float]]) -> Decision:
     """The decision after timing whole train steps on both wires.
 
@@ -193,7 +220,8 @@ def confirm(candidate: Decision, step_times: dict[str, list[float]]) -> Decision
     Args:
         candidate: the reductions' decision (float16).
         step_times: this rank's train-step times, `{wire: [seconds, ...]}`
-            for float32 and float16 (`step_times_hook` replaces them when set).
+            for float32 and float16, the same count on every rank
+            (`step_times_hook` replaces them when set).
 
     Returns:
         rank 0's `Decision` on every rank: float16 when its slowest-rank
@@ -203,6 +231,7 @@ def confirm(candidate: Decision, step_times: dict[str, list[float]]) -> Decision
     if step_times_hook is not None:
         step_times = {w: step_times_hook(w, list(t)) for w, t in step_times.items()}
     mine = {w: statistics.median(step_times[w]) for w in CANDIDATES}
+    count = min(len(step_times[w]) for w in CANDIDATES)
     everyone = collectives.allgather_object(mine, "wire auto (step times)")
     decision = None
     if world.rank() == 0:
@@ -215,7 +244,7 @@ def confirm(candidate: Decision, step_times: dict[str, list[float]]) -> Decision
             else "float32 instead: the whole step decides, not the reduction alone"
         )
         reason = (
-            f"{candidate.reason}; then timed whole train steps ({TRIAL_STEPS} "
+            f"{candidate.reason}; then timed whole train steps ({count} "
             f"per wire, median, slowest of {len(everyone)} ranks): float32 "
             f"{f32 * 1e3:.1f} ms, float16 {f16 * 1e3:.1f} ms: {verdict}"
         )
