@@ -400,6 +400,7 @@ def test_hydra_host_lists_are_rewritten_too(tmp_path):
     assert drop(argv, ["n3"]) == (argv, 0)
 
 
+@pytest.mark.mpi
 def test_settings_reach_the_ranks_through_the_real_launcher(tmp_path):
     """`pass_settings` with the launcher beside this Python (Open MPI's
     `-x`, Hydra's `-genv`): a variable the launcher's own environment lacks
