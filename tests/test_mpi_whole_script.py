@@ -5,7 +5,9 @@ ranks, BatchNorm, frozen layers, stock EarlyStopping / ReduceLROnPlateau /
 ModelCheckpoint / CSVLogger / BackupAndRestore left on every rank, unsharded
 validation data, evaluate / predict / load_model on all ranks or on rank 0
 alone. The job is tests/mpi_scripts/whole_script.py (keras.io's Conv1D
-classifier: tests/mpi_scripts/conv1d_script.py, issue 38).
+classifier: tests/mpi_scripts/conv1d_script.py; keras.io's text classifier
+from files on disk with a model on raw strings:
+tests/mpi_scripts/text_classifier.py, issue 38).
 """
 
 import os
@@ -221,4 +223,78 @@ def test_conv1d_classifier_with_stock_callbacks_and_load_model(np_, tmp_path):
     assert root["test_acc"] >= 0.8 and root["one_process_acc"] >= 0.8, root
     # One printer: Keras's progress and the script's prints once.
     assert result.stdout.count("Test accuracy") == 1, result.stdout[-3000:]
+    assert result.stdout.count("Epoch 1/") == 1, result.stdout[-3000:]
+
+
+def write_reviews(root, seed=0):
+    """A small corpus like keras.io's IMDB folders: `train/{pos,neg}/*.txt`
+    (320 files) and `test/{pos,neg}/*.txt` (200), short reviews of filler
+    words with a few class words (and now and then one of the other
+    class's), so the classes are learnable but not trivially."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    filler = (
+        "the movie film plot actors story was and a it this of scenes director "
+        "music ending cast script i watched saw with but at some its"
+    ).split()
+    cue = {
+        "pos": "great excellent wonderful loved superb enjoyable brilliant moving".split(),
+        "neg": "awful terrible boring hated worst dull poor waste".split(),
+    }
+    for split, per_class in (("train", 160), ("test", 100)):
+        for label, other in (("pos", "neg"), ("neg", "pos")):
+            folder = root / split / label
+            folder.mkdir(parents=True)
+            for i in range(per_class):
+                words = list(rng.choice(filler, size=rng.integers(6, 14)))
+                words += list(rng.choice(cue[label], size=rng.integers(2, 5)))
+                if rng.random() < 0.3:
+                    words.append(str(rng.choice(cue[other])))
+                rng.shuffle(words)
+                (folder / f"{i}_{label}.txt").write_text(" ".join(words) + ".\n")
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_text_classifier_from_files_with_checkpoint_and_raw_strings(np_, tmp_path):
+    """keras.io's text classifier, three lines added: text files on disk ->
+    text_dataset_from_directory -> TextVectorization -> .cache().prefetch()
+    -> kmp.shard -> fit with ModelCheckpoint(save_best_only) and validation
+    data -> load_model right after fit -> evaluate, then the end-to-end model
+    on raw strings evaluated on the string Dataset (issue 38: a stale
+    checkpoint on ranks other than 0, cached pipelines cut short by the data
+    check, string datasets failing in evaluate)."""
+    write_reviews(tmp_path / "reviews")
+    result = run_mpi(np_, "text_classifier.py", str(tmp_path), timeout=500)
+    recs = ok(result)
+    assert len(recs) == np_
+    root = recs[0]
+    # 200 test files in batches of 16: 13 batches, dealt over the ranks.
+    assert root["test_total_batches"] == 13
+    assert sum(r["test_batches"] for r in recs) == 13, recs
+    assert sum(r["e2e_batches"] for r in recs) == 13, recs
+    for r in recs:
+        assert r["test_batches"] < 13 and r["e2e_batches"] < 13, r
+        # One vectorizer and one model everywhere; the checkpoint every rank
+        # loads right after fit is the one on disk once every rank is past it.
+        assert r["vocabulary"] == root["vocabulary"], r["rank"]
+        assert r["fitted"] == root["fitted"], r["rank"]
+        assert r["loaded_right_after"] == r["loaded_after_barrier"], r
+        assert r["loaded_right_after"] == root["loaded_after_barrier"], r["rank"]
+        # The best val_loss is one process's val_loss of the loaded weights.
+        assert rel(r["best"], root["ref_val"]["loss"]) <= RTOL, r
+        # Both split evaluates are one process's evaluate of the loaded
+        # weights on the whole test set.
+        for name, ref in (("test", "ref_test"), ("e2e", "ref_e2e")):
+            for key in ("loss", "accuracy"):
+                assert rel(r[name][key], root[ref][key]) <= RTOL, (name, key, r, root)
+    # The last epoch was the best, so the checkpoint loaded right after fit
+    # was written at the end of fit (where ranks other than 0 used to load
+    # the previous one).
+    assert root["val_loss"][-1] == min(root["val_loss"]) == root["best"], root
+    # It learned (the test can tell a right number from a wrong one).
+    assert root["test"]["accuracy"] >= 0.8, root
+    # One printer: Keras's progress and the script's lines once.
+    assert result.stdout.count("Test accuracy") == 1, result.stdout[-3000:]
+    assert result.stdout.count("End-to-end test accuracy") == 1, result.stdout[-3000:]
     assert result.stdout.count("Epoch 1/") == 1, result.stdout[-3000:]
