@@ -119,12 +119,30 @@ def test_below_a_cache_the_source_is_still_read():
     assert fingerprint(a) == fingerprint(_cached_pipeline(x))
 
 
-def test_an_unseeded_reshuffling_shuffle_is_named():
+@pytest.fixture
+def no_global_seed():
+    """No global seed while the test runs (an earlier test in this process
+    may have called `keras.utils.set_random_seed`); the previous one after."""
+    from tensorflow.python.eager import context
+
+    saved = context.global_seed()
+    tf.random.set_seed(None)
+    yield
+    tf.random.set_seed(saved)
+
+
+def test_an_unseeded_reshuffling_shuffle_is_named(no_global_seed):
     ds = tf.data.Dataset.range(10).shuffle(10)
     reading = tf_data.pure_parts(ds)
     assert reading.unseeded_shuffle
     assert not tf_data.pure_parts(
         tf.data.Dataset.range(10).shuffle(10, seed=1)
+    ).unseeded_shuffle
+    # A global seed seeds a shuffle without `seed` (the same order on every
+    # rank that set the same seed): not named.
+    tf.random.set_seed(7)
+    assert not tf_data.pure_parts(
+        tf.data.Dataset.range(10).shuffle(10)
     ).unseeded_shuffle
 
 

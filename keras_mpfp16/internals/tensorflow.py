@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 
 import tensorflow as tf
+from tensorflow.python.eager import context as _eager_context
 
 from keras_mpfp16.internals import Internal, KerasInternalsError
 
@@ -166,8 +167,12 @@ def _probe_dataset_graph() -> None:
         raise AssertionError("dataset_function_ops(map) misses AsString")
     if op_is_stateful("AsString") or not op_is_stateful("PyFunc"):
         raise AssertionError("op_is_stateful: AsString/PyFunc wrong")
-    if shuffle_settings(base.shuffle(4)) != (True, False):
-        raise AssertionError("shuffle_settings of an unseeded shuffle")
+    # A shuffle without `seed` takes its seeds from a global seed when one is
+    # set (`keras.utils.set_random_seed`, `tf.random.set_seed`): then it is
+    # seeded, the same order in every process that set the same seed.
+    global_seed = _eager_context.global_seed() is not None
+    if shuffle_settings(base.shuffle(4)) != (True, global_seed):
+        raise AssertionError("shuffle_settings of a shuffle without a seed")
     if shuffle_settings(base.shuffle(4, seed=1, reshuffle_each_iteration=False)) != (
         False,
         True,
