@@ -23,7 +23,8 @@ import pytest
 from mpi_launch import SCRIPTS, MPIResult, mpi_env, run_mpi
 from slurm_launch import ROOT, run_sbatch, run_srun, slurm  # noqa: F401
 
-pytestmark = pytest.mark.usefixtures("slurm")
+# Every test here starts a Slurm job (srun/sbatch launches the ranks).
+pytestmark = [pytest.mark.usefixtures("slurm"), pytest.mark.mpi]
 
 SBATCH = ROOT / "examples" / "slurm" / "train.sbatch"
 RESTART_SBATCH = ROOT / "examples" / "slurm" / "train_restart.sbatch"
