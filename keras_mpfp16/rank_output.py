@@ -178,12 +178,12 @@ def quiet_non_root_ranks() -> bool:
     Returns:
         True if output was silenced on this rank.
     """
-    from keras_mpfp16 import runtime
+    from keras_mpfp16.runtime.mpi import world
 
     if _all_ranks_requested():
         _unsilence()  # set from Python after import (kmp.config)
         return False
-    if runtime.rank() == 0:
+    if world.rank() == 0:
         _unsilence()  # the launcher's rank was not this communicator's
         return False
     _silence()
