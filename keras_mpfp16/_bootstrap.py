@@ -187,6 +187,12 @@ def _audit_hook(event: str, args: tuple) -> None:
 _hook_added = False
 
 
+def hook_added() -> bool:
+    """Whether this process has the import audit hook (the patch registry's
+    `import_audit_hook` row)."""
+    return _hook_added
+
+
 def arm() -> None:
     """At `import keras_mpfp16`: bootstrap now if Keras or TensorFlow is
     already imported, else at the first trigger (see the module docstring)."""

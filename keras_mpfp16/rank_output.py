@@ -50,6 +50,8 @@ _silenced_by_us = False
 # and the user's enable_interactive_logging(); see _keras_output_allowed).
 _quiet = False
 _gate_installed = False
+# Whether root_stdout_only() sent this process's stdout to os.devnull.
+_stdout_redirected = False
 
 
 def _keras_output_allowed() -> bool:
@@ -115,6 +117,8 @@ def root_stdout_only() -> bool:
         sys.stdout.flush()
     except (AttributeError, OSError, ValueError):
         pass
+    global _stdout_redirected
+    _stdout_redirected = True
     devnull = os.open(os.devnull, os.O_WRONLY)
     try:
         os.dup2(devnull, 1)
@@ -152,6 +156,48 @@ def _unsilence() -> None:
         _silenced_by_us = False
 
 
+def stdout_redirected() -> bool:
+    """Whether `root_stdout_only()` sent this process's stdout to `os.devnull`."""
+    return _stdout_redirected
+
+
+def install_output_gate() -> bool:
+    """Silences Keras's console output if the launcher says this is not rank 0
+    (the gate; no MPI call), unless `KERAS_MPFP16_ALL_RANKS_OUTPUT=1`.
+
+    Returns:
+        True if Keras's output was silenced on this rank.
+    """
+    if _all_ranks_requested():
+        return False
+    r = launcher_rank()
+    if r is None or r == 0:
+        return False
+    _silence()
+    return True
+
+
+def remove_output_gate() -> bool:
+    """Keras's output paths read Keras's own flag again (no gate), and the flag
+    is back on if this module turned it off.
+
+    Returns:
+        Whether a gate was removed.
+    """
+    global _gate_installed
+    if not _gate_installed:
+        return False
+    _unsilence()
+    keras_internals.gate_interactive_logging(None)
+    _gate_installed = False
+    return True
+
+
+def output_gate_installed() -> bool:
+    """Whether Keras's interactive-logging check is gated by this module."""
+    return _gate_installed
+
+
 def quiet_non_root_ranks_early() -> bool:
     """Silences Keras's console output if the launcher says this is not rank 0.
 
@@ -163,13 +209,7 @@ def quiet_non_root_ranks_early() -> bool:
     """
     if _root_stdout_only_requested():
         root_stdout_only()
-    if _all_ranks_requested():
-        return False
-    r = launcher_rank()
-    if r is None or r == 0:
-        return False
-    _silence()
-    return True
+    return install_output_gate()
 
 
 def quiet_non_root_ranks() -> bool:

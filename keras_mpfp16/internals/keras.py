@@ -856,6 +856,12 @@ class array_datasets_without_autotune:  # noqa: N801 - used like a function
 
     _depth = 0
     _original = None
+
+    @classmethod
+    def active(cls) -> bool:
+        """Whether the patch is in place now (some scope is active)."""
+        return cls._depth > 0
+
     # Guards the count and the patch together: two threads entering (or one
     # leaving while another enters) must not both install, or restore early.
     _lock = threading.Lock()
@@ -919,6 +925,11 @@ class skip_steps_of_next_epoch:  # noqa: N801 - used like a function
     _depth = 0
     _original = None
     _pending = 0
+
+    @classmethod
+    def active(cls) -> bool:
+        """Whether the patch is in place now (some scope is active)."""
+        return cls._depth > 0
 
     @classmethod
     def arm(cls, steps: int) -> None:
