@@ -285,8 +285,7 @@ def test_the_patch_table_names_everything_import_changes(tmp_path, env):
     unlisted = [c for c in changed if c not in owner]
     assert not unlisted, f"changed by import, in no row of PATCHES: {unlisted}"
     not_installed = sorted(
-        {owner[c] for c in changed}
-        - {n for n, on in got["installed"].items() if on}
+        {owner[c] for c in changed} - {n for n, on in got["installed"].items() if on}
     )
     assert not not_installed, f"changed, but installed() says no: {not_installed}"
     unseen = [
