@@ -8,9 +8,9 @@ supervises a job as long as it lives; `keras_mpfp16.config`;
 bootstrap runs, once per process, at the first of:
 
 - `import keras_mpfp16` when Keras or TensorFlow is already imported;
-- the first import of Keras or TensorFlow after `import keras_mpfp16`
-  (before Keras or TensorFlow loads: seen through Python's `import` audit
-  event, PEP 578), so `import keras_mpfp16; import keras` has the Keras
+- the first import of Keras or TensorFlow (or JAX, PyTorch) after
+  `import keras_mpfp16` (before it loads: seen through Python's `import`
+  audit event, PEP 578), so `import keras_mpfp16; import keras` has the Keras
   objects registered (for `keras.saving.load_model`) and the patches in
   place, and the thread defaults and the GPU binding are in the environment
   before TensorFlow starts, as when `import keras_mpfp16` did it all;
@@ -37,8 +37,10 @@ import sys
 import threading
 from collections.abc import Callable
 
-# Imports that start the bootstrap (top-level names) when it has not run.
-TRIGGERS = frozenset({"keras", "tensorflow"})
+# Imports that start the bootstrap (top-level names) when it has not run:
+# Keras, and the frameworks that read the thread and GPU environment when
+# they start.
+TRIGGERS = frozenset({"keras", "tensorflow", "jax", "torch"})
 
 # Modules of the package that do not start it: the runtime (no Keras), the
 # settings and their public face, the command-line entry (each tool imports

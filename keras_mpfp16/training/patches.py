@@ -16,14 +16,14 @@ be removed. `tests/test_patches.py` compares the table with what
 | `keras.Model.fit` | `keras.Model.fit` (`model_hooks.wrap_fit`) | a collective fit: sync, split validation, global logs, safe callbacks | import | `PATCH_KERAS=0` |
 | `keras.Model.evaluate` | `keras.Model.evaluate` (`model_hooks.wrap_evaluate`) | a collective evaluate when every rank calls it | import | `PATCH_KERAS=0` |
 | `keras.Model.save`, `keras.Model.save_weights` | those methods (`files.wrap_save`) | atomic on every rank (no torn file, no HDF5 lock error) | import | `PATCH_KERAS=0` |
-| `model_supports_jit` | Keras's XLA decision (`keras.src.trainers.trainer.model_supports_jit`, `sync.xla`) | a step with an MPI call from the host cannot be XLA-compiled | import | `PATCH_KERAS=0` |
-| `keras.interactive_logging_gate` | `keras.src.utils.io_utils.is_interactive_logging_enabled`, Keras's interactive-logging flag (`rank_output`) | one progress bar under mpirun: Keras's output off on ranks other than 0, whatever resets Keras's state | import (ranks other than 0), each collective fit/evaluate | `ALL_RANKS_OUTPUT=1` |
+| `model_supports_jit` | Keras's XLA decision (its trainer's `model_supports_jit`, `sync.xla`) | a step with an MPI call from the host cannot be XLA-compiled | import | `PATCH_KERAS=0` |
+| `keras.interactive_logging_gate` | Keras's `io_utils.is_interactive_logging_enabled` and interactive-logging flag (`rank_output`) | one progress bar under mpirun: Keras's output off on ranks other than 0, whatever resets Keras's state | import (ranks other than 0), each collective fit/evaluate | `ALL_RANKS_OUTPUT=1` |
 | `sys.stdout` | file descriptor 1 (and `sys.stdout` if it writes elsewhere) to `os.devnull` on ranks other than 0 (`rank_output.root_stdout_only`) | all output once, when asked | import with `ROOT_STDOUT_ONLY=1`, or `kmp.root_stdout_only()` | not set (opt-in) |
 | `environment.thread_defaults` | `TF_NUM_INTRAOP_THREADS`, `TF_NUM_INTEROP_THREADS`, `OMP_NUM_THREADS` (only those not set) | ranks sharing a node share its cores | import, under a launcher with 2+ ranks on the node | `THREADS=off` |
 | `environment.gpu_binding` | `CUDA_VISIBLE_DEVICES` | one GPU per local rank | import with `BIND_GPUS=1`, or `kmp.bind_gpus()` | not set (opt-in) |
 | `import_audit_hook` | a `sys.addaudithook` hook (`keras_mpfp16._bootstrap`) | the import-time work at the first Keras/TensorFlow import, not before (the launch wrapper stays light) | import (unless Keras was imported first) | never |
-| `keras.EpochIterator._enumerate_iterator` | `keras.src.trainers.epoch_iterator.EpochIterator._enumerate_iterator` (`internals.keras.skip_steps_of_next_epoch`) | resuming a preempted epoch at its step | each collective fit (scoped) | `PATCH_KERAS=0` (no collective fit) |
-| `keras.ArrayDataAdapter.get_tf_dataset` | `keras.src.trainers.data_adapters.array_data_adapter.ArrayDataAdapter.get_tf_dataset` (`internals.keras.array_datasets_without_autotune`) | no tf.data autotune thread to wait for when an epoch's iterator is destroyed | each collective fit/evaluate (scoped) | `TFDATA_AUTOTUNE=1` |
+| `keras.EpochIterator._enumerate_iterator` | the epoch iterator's step generator (`internals.keras.skip_steps_of_next_epoch`) | resuming a preempted epoch at its step | each collective fit (scoped) | `PATCH_KERAS=0` (no collective fit) |
+| `keras.ArrayDataAdapter.get_tf_dataset` | the array adapter's `get_tf_dataset` (`internals.keras.array_datasets_without_autotune`) | no tf.data autotune thread to wait for when an epoch's iterator is destroyed | each collective fit/evaluate (scoped) | `TFDATA_AUTOTUNE=1` |
 | `signal.preemption` | the `SIGTERM` and `SIGUSR1` handlers (`runtime.supervision.preemption.handling`, the user's chained) | an agreed stop at one step on every rank | each collective fit (scoped) | `PATCH_KERAS=0` (no collective fit) |
 | `sys.excepthook` | `sys.excepthook`, `sys.exit`, an `atexit` check (`runtime.supervision.failure`) | one rank's failure ends the whole job, never a hang | `kmp.init` (first collective) | `ABORT_ON_EXCEPTION=0` |
 
@@ -75,7 +75,8 @@ class Patch:
 
     Attributes:
         name: the row's key in `installed()`.
-        targets: what it changes, as `module.attribute`, `os.environ[KEY]`,
+        targets: what it changes, as `module.attribute` (Keras's private
+            ones from the seam, `internals.keras.PATCH_TARGETS`), `os.environ[KEY]`,
             `sys.stdout`, `fd 1`, ... (the import test reads these).
         reason: why the library makes the change.
         when: `"import"`, `"scoped"` (only during a collective call) or
@@ -176,7 +177,7 @@ PATCHES: tuple[Patch, ...] = (
     _method_row("save_weights", _SAVE_REASON),
     Patch(
         name="model_supports_jit",
-        targets=("keras.src.trainers.trainer.model_supports_jit",),
+        targets=(keras_internals.PATCH_TARGETS["model_supports_jit"],),
         reason="a step with an MPI call from the host cannot be XLA-compiled "
         "(a multi-process DistributedOptimizer model compiles without XLA)",
         when="import",
@@ -189,7 +190,7 @@ PATCHES: tuple[Patch, ...] = (
     Patch(
         name="keras.interactive_logging_gate",
         targets=(
-            "keras.src.utils.io_utils.is_interactive_logging_enabled",
+            keras_internals.PATCH_TARGETS["interactive_logging"],
             "keras.config.is_interactive_logging_enabled()",
         ),
         reason="one progress bar under mpirun: Keras's output stays off on "
@@ -258,9 +259,7 @@ PATCHES: tuple[Patch, ...] = (
     ),
     Patch(
         name="keras.EpochIterator._enumerate_iterator",
-        targets=(
-            "keras.src.trainers.epoch_iterator.EpochIterator._enumerate_iterator",
-        ),
+        targets=(keras_internals.PATCH_TARGETS["epoch_iterator"],),
         reason="resuming a preempted epoch at its step (the steps already "
         "trained are read, not trained again)",
         when="scoped: each collective fit (training.run)",
@@ -272,10 +271,7 @@ PATCHES: tuple[Patch, ...] = (
     ),
     Patch(
         name="keras.ArrayDataAdapter.get_tf_dataset",
-        targets=(
-            "keras.src.trainers.data_adapters.array_data_adapter."
-            "ArrayDataAdapter.get_tf_dataset",
-        ),
+        targets=(keras_internals.PATCH_TARGETS["array_dataset"],),
         reason="no tf.data autotuning thread to wait for (up to 60 s) when an "
         "epoch's input iterator is destroyed",
         when="scoped: each collective fit/evaluate (training.sessions)",
