@@ -21,7 +21,13 @@ the `runtime` subpackage, which never imports Keras) loads none of it.
 # The one source of the version (pyproject.toml reads it from here).
 __version__ = "0.2.0"
 
+from typing import TYPE_CHECKING
+
 from keras_mpfp16 import _bootstrap
+
+if TYPE_CHECKING:  # the names, for type checkers and the API docs
+    from keras_mpfp16._api import *  # noqa: F403
+    from keras_mpfp16._api import __all__ as __all__
 
 
 def __getattr__(name: str):
