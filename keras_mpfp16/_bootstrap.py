@@ -22,7 +22,8 @@ bootstrap runs, once per process, at the first of:
   `__getattr__`).
 
 Its steps, in order (`STEPS`; the reason for the order is each step's
-docstring): the per-rank thread defaults, the GPU binding, the seam check,
+docstring): root-only stdout when asked (light: at the import itself,
+`AT_IMPORT`), the per-rank thread defaults, the GPU binding, the seam check,
 the non-root ranks' Keras output silenced, the public API (the Keras
 objects registered), the Keras patches. A step that raised is run again at
 the next trigger; a step that completed never is.
@@ -56,6 +57,16 @@ LIGHT = (
 )
 
 
+def _root_stdout_only() -> None:
+    """`KERAS_MPFP16_ROOT_STDOUT_ONLY=1`: stdout of ranks other than 0 (as the
+    launcher announces them) to `os.devnull`, from `import keras_mpfp16` on.
+    Light (no Keras, no MPI call): `arm()` runs it at the import itself."""
+    from keras_mpfp16 import rank_output
+
+    if rank_output.root_stdout_only_requested():
+        rank_output.root_stdout_only()
+
+
 def _thread_defaults() -> None:
     """Per-rank thread-pool defaults: in the environment before the backend
     starts its thread pools (before TensorFlow is imported)."""
@@ -82,12 +93,12 @@ def _seam_check() -> None:
 
 
 def _quiet_non_root_ranks() -> None:
-    """Ranks other than 0 (as the launcher announces them: no MPI call)
-    silenced before anything can print, e.g. `model.summary()` before the
-    optimizer exists."""
+    """Keras's output on ranks other than 0 (as the launcher announces them:
+    no MPI call) gated off before Keras can print, e.g. `model.summary()`
+    before the optimizer exists."""
     from keras_mpfp16 import rank_output
 
-    rank_output.quiet_non_root_ranks_early()
+    rank_output.install_output_gate()
 
 
 def _public_api() -> None:
@@ -111,6 +122,7 @@ def _keras_patches() -> None:
 
 # The bootstrap, in order: (name, step).
 STEPS: tuple[tuple[str, Callable[[], None]], ...] = (
+    ("root_stdout_only", _root_stdout_only),
     ("thread_defaults", _thread_defaults),
     ("gpu_binding", _gpu_binding),
     ("seam_check", _seam_check),
@@ -120,6 +132,8 @@ STEPS: tuple[tuple[str, Callable[[], None]], ...] = (
 )
 
 _lock = threading.RLock()
+# The steps `arm()` runs at `import keras_mpfp16` itself, whatever comes next.
+AT_IMPORT = ("root_stdout_only",)
 # Steps completed in this process, in order.
 completed: list[str] = []
 _running = False
@@ -130,8 +144,11 @@ def done() -> bool:
     return len(completed) == len(STEPS)
 
 
-def bootstrap() -> None:
+def bootstrap(until: str | None = None) -> None:
     """Runs the steps not yet completed, in `STEPS` order (idempotent).
+
+    Args:
+        until: the last step to run now (default: all of them).
 
     Raises:
         Whatever a step raises (e.g. `KerasInternalsError` from the seam
@@ -149,6 +166,8 @@ def bootstrap() -> None:
                 if name not in completed:
                     step()
                     completed.append(name)
+                if name == until:
+                    break
         finally:
             _running = False
 
@@ -202,6 +221,7 @@ def arm() -> None:
     if TRIGGERS & sys.modules.keys():
         bootstrap()
         return
+    bootstrap(until=AT_IMPORT[-1])
     if not _hook_added:
         sys.addaudithook(_audit_hook)
         _hook_added = True

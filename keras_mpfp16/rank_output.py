@@ -37,7 +37,6 @@ import os
 import sys
 
 from keras_mpfp16 import _settings as env
-from keras_mpfp16.internals import keras as keras_internals
 from keras_mpfp16.runtime.process.launcher_env import launcher_rank
 
 ENV_VAR = env.setting("ALL_RANKS_OUTPUT").name
@@ -63,7 +62,7 @@ def _all_ranks_requested() -> bool:
     return env.get("ALL_RANKS_OUTPUT")
 
 
-def _root_stdout_only_requested() -> bool:
+def root_stdout_only_requested() -> bool:
     return env.get("ROOT_STDOUT_ONLY")
 
 
@@ -139,6 +138,10 @@ def _silence() -> None:
 
     _quiet = True
     if not _gate_installed:
+        # Imported here: this module loads no Keras until it gates it
+        # (root_stdout_only runs at `import keras_mpfp16` itself).
+        from keras_mpfp16.internals import keras as keras_internals
+
         keras_internals.gate_interactive_logging(_keras_output_allowed)
         _gate_installed = True
     if keras.config.is_interactive_logging_enabled():
@@ -187,6 +190,8 @@ def remove_output_gate() -> bool:
     global _gate_installed
     if not _gate_installed:
         return False
+    from keras_mpfp16.internals import keras as keras_internals
+
     _unsilence()
     keras_internals.gate_interactive_logging(None)
     _gate_installed = False
@@ -207,7 +212,7 @@ def quiet_non_root_ranks_early() -> bool:
     Returns:
         True if Keras's output was silenced on this rank.
     """
-    if _root_stdout_only_requested():
+    if root_stdout_only_requested():
         root_stdout_only()
     return install_output_gate()
 

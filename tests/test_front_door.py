@@ -134,6 +134,7 @@ def test_bootstrap_steps_are_named_and_ordered():
     from keras_mpfp16 import _bootstrap
 
     assert [name for name, _ in _bootstrap.STEPS] == [
+        "root_stdout_only",
         "thread_defaults",
         "gpu_binding",
         "seam_check",
@@ -172,6 +173,7 @@ def test_bootstrap_runs_each_step_once_in_order_at_the_first_keras_import():
     before, first, calls, completed = got
     names = [name for name, _ in first]
     assert before == []
+    # root_stdout_only ran at `import keras_mpfp16` itself (AT_IMPORT).
     assert names == [
         "thread_defaults",
         "gpu_binding",
@@ -180,7 +182,7 @@ def test_bootstrap_runs_each_step_once_in_order_at_the_first_keras_import():
         "public_api",
         "keras_patches",
     ]
-    assert completed == names and calls == len(names)
+    assert completed == ["root_stdout_only", *names] and calls == len(names)
     tf_loaded = dict(first)
     assert not tf_loaded["thread_defaults"] and not tf_loaded["gpu_binding"]
 
@@ -201,7 +203,7 @@ def test_every_trigger_runs_the_whole_bootstrap(trigger):
         + "print(json.dumps([before, [n for n, _ in calls], b.done()]))\n"
     )
     assert got[0] == [] and got[2] is True
-    assert got[1] == [name for name, _ in _steps()]
+    assert got[1] == [name for name, _ in _steps()][1:]  # after AT_IMPORT
 
 
 def test_import_after_keras_runs_the_bootstrap_at_once():
@@ -220,7 +222,7 @@ def _steps():
     return _bootstrap.STEPS
 
 
-def test_light_imports_load_nothing_heavy_and_run_no_step():
+def test_light_imports_load_nothing_heavy_and_run_only_the_import_step():
     got = run_python(
         "import json, sys\n"
         "import keras_mpfp16 as kmp\n"
@@ -231,7 +233,7 @@ def test_light_imports_load_nothing_heavy_and_run_no_step():
         "print(json.dumps([sorted(m for m in ('keras', 'tensorflow', 'mpi4py')"
         " if m in sys.modules), completed, kmp.__version__]))\n"
     )
-    assert got[:2] == [[], []] and got[2]
+    assert got[:2] == [[], ["root_stdout_only"]] and got[2]
 
 
 @pytest.mark.parametrize(
@@ -317,3 +319,32 @@ def test_bare_import_then_keras_has_the_patches_unless_opted_out(patch, expected
         env={"KERAS_MPFP16_PATCH_KERAS": patch},
     )
     assert got is expected
+
+
+def test_root_stdout_only_applies_at_the_import_line_itself():
+    """`KERAS_MPFP16_ROOT_STDOUT_ONLY=1` on a rank other than 0: a `print`
+    right after `import keras_mpfp16` is already gone (as in 0.2), and the
+    import loaded nothing heavy for it."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys\n"
+            "import keras_mpfp16\n"
+            "print('HIDDEN', flush=True)\n"
+            "sys.stderr.write(repr(sorted(m for m in ('keras', 'tensorflow', "
+            "'mpi4py') if m in sys.modules)))\n",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={
+            **os.environ,
+            "OMPI_COMM_WORLD_RANK": "1",
+            "OMPI_COMM_WORLD_SIZE": "2",
+            "KERAS_MPFP16_ROOT_STDOUT_ONLY": "1",
+        },
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout == ""
+    assert out.stderr.strip().endswith("[]"), out.stderr[-2000:]
