@@ -9,70 +9,45 @@ x, y = kmp.shard(x, y)
 model.compile(optimizer=kmp.DistributedOptimizer("adam"), loss=...)
 ```
 
-Importing the package registers its Keras objects for `.keras` files. The
-`runtime` subpackage itself never imports Keras.
+Importing the package registers its Keras objects for `.keras` files and
+installs its Keras patches, by the time Keras is used: the import-time work
+(`keras_mpfp16._bootstrap`) runs once, at `import keras_mpfp16` when Keras
+is already imported, else at the first import of Keras or TensorFlow, of a
+Keras-facing module of the package, or at the first public name used. A
+process that only imports the light modules (the launch wrapper, `kmp.config`,
+the `runtime` subpackage, which never imports Keras) loads none of it.
 """
 
 # The one source of the version (pyproject.toml reads it from here).
 __version__ = "0.2.0"
 
-import sys as _sys
+from typing import TYPE_CHECKING
 
-# `python -m <one of these> ...`: processes that supervise a launcher and
-# need neither Keras nor TensorFlow nor MPI.
-_SUPERVISOR_MODULES = (
-    "keras_mpfp16.runtime.launch",
-    "keras_mpfp16.runtime.supervision.launch_wrapper",
-)
+from keras_mpfp16 import _bootstrap
 
-
-# The console script of `[project.scripts]` that runs the launch wrapper.
-_SUPERVISOR_SCRIPTS = ("kmp-launch",)
-
-
-def _started_as_supervisor() -> bool:
-    """True while `python -m keras_mpfp16.runtime.launch ...` or the
-    `kmp-launch` console script starts.
-
-    Python imports a `-m` module's parent packages (this one first) while
-    `sys.argv[0]` is still `"-m"`; `sys.orig_argv` names the module. A
-    console script imports its module while `sys.argv[0]` is the script's
-    path.
-    """
-    if _sys.argv and _sys.argv[0].rsplit("/", 1)[-1] in _SUPERVISOR_SCRIPTS:
-        return True
-    if _sys.argv[:1] != ["-m"]:
-        return False
-    argv = list(getattr(_sys, "orig_argv", ()))
-    for i, arg in enumerate(argv[1:], 1):
-        if arg == "-m":
-            return i + 1 < len(argv) and argv[i + 1] in _SUPERVISOR_MODULES
-        if arg.startswith("-m"):
-            return arg[2:] in _SUPERVISOR_MODULES
-    return False
-
-
-if _started_as_supervisor():
-    # The launch wrapper: no Keras, TensorFlow or MPI in the supervisor (it
-    # lives as long as the job). The public names load on first use.
-    def __getattr__(name: str):
-        import importlib
-        import importlib.util
-
-        # A submodule (`from keras_mpfp16 import runtime`, `kmp.config`):
-        # that module, and nothing more.
-        if importlib.util.find_spec(f"{__name__}.{name}") is not None:
-            return importlib.import_module(f"{__name__}.{name}")
-        if name.startswith("_"):
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        api = importlib.import_module(f"{__name__}._api")  # the full import
-        globals().update({n: getattr(api, n) for n in api.__all__})
-        globals()["__all__"] = api.__all__
-        return getattr(api, name)
-
-else:
-    # Everything else: the full import, with its guarantees (see _api).
-    from keras_mpfp16 import _api
+if TYPE_CHECKING:  # the names, for type checkers and the API docs
     from keras_mpfp16._api import *  # noqa: F403
+    from keras_mpfp16._api import __all__ as __all__
 
-    __all__ = list(_api.__all__)
+
+def __getattr__(name: str):
+    """The public names (`keras_mpfp16._api`), bound by the bootstrap.
+
+    A private name (`from keras_mpfp16 import _settings` asks here first) is
+    left to the import system: only public names start the bootstrap.
+    """
+    if name.startswith("_") and name != "__all__":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    _bootstrap.bootstrap()
+    try:
+        return globals()[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+
+
+def __dir__() -> list[str]:
+    _bootstrap.bootstrap()
+    return sorted(globals())
+
+
+_bootstrap.arm()

@@ -49,12 +49,12 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,
     )
-    import keras_mpfp16
+    from keras_mpfp16 import __version__
 
     parser.add_argument(
         "--version",
         action="version",
-        version=f"keras-mpfp16 {keras_mpfp16.__version__}",
+        version=f"keras-mpfp16 {__version__}",
     )
     parser.add_argument(
         "command", metavar="COMMAND", choices=list(TOOLS), help=argparse.SUPPRESS

@@ -432,11 +432,20 @@ register(
     True,
     read="at import",
     doc="`0` installs none of the library's Keras patches at `import "
-    "keras_mpfp16` (the wrappers of `keras.Model.fit`, `evaluate`, `save`, "
-    "`save_weights` and of Keras's XLA decision; see `docs/custom_loops.md`). "
-    "Training code then calls `kmp.distributed_fit` / "
-    "`kmp.distributed_evaluate` itself; `kmp.install_keras_patches()` installs "
-    "them later.",
+    "keras_mpfp16`: the rows of the patch table "
+    "(`keras_mpfp16.training.patches`) that change Keras for every model, "
+    "the wrappers of `keras.Model.fit`, `evaluate`, `save`, `save_weights` "
+    "and of Keras's XLA decision (see `docs/custom_loops.md`). Training "
+    "code then calls `kmp.distributed_fit` / `kmp.distributed_evaluate` "
+    "itself; `kmp.install_keras_patches()` installs them later. The other "
+    "rows stay, each with its own setting, as they do not change how Keras "
+    "trains: the output gate on ranks other than 0 (`ALL_RANKS_OUTPUT`), "
+    "stdout redirection (`ROOT_STDOUT_ONLY`), the thread and GPU "
+    "environment (`THREADS`, `BIND_GPUS`), autotuning of Keras's array "
+    "pipelines inside a collective call (`TFDATA_AUTOTUNE`), the job-ending"
+    " hooks (`ABORT_ON_EXCEPTION`); the epoch-iterator and "
+    "preemption-signal patches are scoped to a collective `fit`, which then"
+    " only `kmp.distributed_fit` starts.",
 )
 register(
     "TFDATA_AUTOTUNE",
@@ -525,7 +534,8 @@ register(
     False,
     read="at import",
     python=False,
-    doc="`1` makes `import keras_mpfp16` call `keras_mpfp16.bind_gpus()`: each "
+    doc="`1` makes `import keras_mpfp16` call `keras_mpfp16.bind_gpus()` (in "
+    "its bootstrap, before Keras, TensorFlow, JAX or PyTorch loads): each "
     "local rank sees only its own GPU(s) through `CUDA_VISIBLE_DEVICES`, "
     "before the backend initialises CUDA.",
 )

@@ -266,10 +266,10 @@ def _time_allreduce(comm, MPI, nbytes: int, repeats: int) -> tuple[float, bool]:
 
 
 def _versions(report: Report) -> None:
-    import keras_mpfp16
+    from keras_mpfp16 import __version__
 
     info = report.info
-    info["keras_mpfp16"] = keras_mpfp16.__version__
+    info["keras_mpfp16"] = __version__
     info["python"] = sys.version.split()[0]
     info["keras"] = _version("keras")
     info["tensorflow"] = _version("tensorflow", "tensorflow-cpu", "tf-nightly")

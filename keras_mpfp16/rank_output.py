@@ -37,7 +37,6 @@ import os
 import sys
 
 from keras_mpfp16 import _settings as env
-from keras_mpfp16.internals import keras as keras_internals
 from keras_mpfp16.runtime.process.launcher_env import launcher_rank
 
 ENV_VAR = env.setting("ALL_RANKS_OUTPUT").name
@@ -50,6 +49,8 @@ _silenced_by_us = False
 # and the user's enable_interactive_logging(); see _keras_output_allowed).
 _quiet = False
 _gate_installed = False
+# Whether root_stdout_only() sent this process's stdout to os.devnull.
+_stdout_redirected = False
 
 
 def _keras_output_allowed() -> bool:
@@ -61,7 +62,7 @@ def _all_ranks_requested() -> bool:
     return env.get("ALL_RANKS_OUTPUT")
 
 
-def _root_stdout_only_requested() -> bool:
+def root_stdout_only_requested() -> bool:
     return env.get("ROOT_STDOUT_ONLY")
 
 
@@ -115,6 +116,8 @@ def root_stdout_only() -> bool:
         sys.stdout.flush()
     except (AttributeError, OSError, ValueError):
         pass
+    global _stdout_redirected
+    _stdout_redirected = True
     devnull = os.open(os.devnull, os.O_WRONLY)
     try:
         os.dup2(devnull, 1)
@@ -135,6 +138,10 @@ def _silence() -> None:
 
     _quiet = True
     if not _gate_installed:
+        # Imported here: this module loads no Keras until it gates it
+        # (root_stdout_only runs at `import keras_mpfp16` itself).
+        from keras_mpfp16.internals import keras as keras_internals
+
         keras_internals.gate_interactive_logging(_keras_output_allowed)
         _gate_installed = True
     if keras.config.is_interactive_logging_enabled():
@@ -152,17 +159,18 @@ def _unsilence() -> None:
         _silenced_by_us = False
 
 
-def quiet_non_root_ranks_early() -> bool:
-    """Silences Keras's console output if the launcher says this is not rank 0.
+def stdout_redirected() -> bool:
+    """Whether `root_stdout_only()` sent this process's stdout to `os.devnull`."""
+    return _stdout_redirected
 
-    Makes no MPI call. Called at `import keras_mpfp16`. With
-    `KERAS_MPFP16_ROOT_STDOUT_ONLY=1`, also runs `root_stdout_only()`.
+
+def install_output_gate() -> bool:
+    """Silences Keras's console output if the launcher says this is not rank 0
+    (the gate; no MPI call), unless `KERAS_MPFP16_ALL_RANKS_OUTPUT=1`.
 
     Returns:
         True if Keras's output was silenced on this rank.
     """
-    if _root_stdout_only_requested():
-        root_stdout_only()
     if _all_ranks_requested():
         return False
     r = launcher_rank()
@@ -172,18 +180,55 @@ def quiet_non_root_ranks_early() -> bool:
     return True
 
 
+def remove_output_gate() -> bool:
+    """Keras's output paths read Keras's own flag again (no gate), and the flag
+    is back on if this module turned it off.
+
+    Returns:
+        Whether a gate was removed.
+    """
+    global _gate_installed
+    if not _gate_installed:
+        return False
+    from keras_mpfp16.internals import keras as keras_internals
+
+    _unsilence()
+    keras_internals.gate_interactive_logging(None)
+    _gate_installed = False
+    return True
+
+
+def output_gate_installed() -> bool:
+    """Whether Keras's interactive-logging check is gated by this module."""
+    return _gate_installed
+
+
+def quiet_non_root_ranks_early() -> bool:
+    """Silences Keras's console output if the launcher says this is not rank 0.
+
+    Makes no MPI call. Called at `import keras_mpfp16`. With
+    `KERAS_MPFP16_ROOT_STDOUT_ONLY=1`, also runs `root_stdout_only()`.
+
+    Returns:
+        True if Keras's output was silenced on this rank.
+    """
+    if root_stdout_only_requested():
+        root_stdout_only()
+    return install_output_gate()
+
+
 def quiet_non_root_ranks() -> bool:
     """Silences Keras's console output on ranks other than 0.
 
     Returns:
         True if output was silenced on this rank.
     """
-    from keras_mpfp16 import runtime
+    from keras_mpfp16.runtime.mpi import world
 
     if _all_ranks_requested():
         _unsilence()  # set from Python after import (kmp.config)
         return False
-    if runtime.rank() == 0:
+    if world.rank() == 0:
         _unsilence()  # the launcher's rank was not this communicator's
         return False
     _silence()

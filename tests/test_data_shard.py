@@ -226,10 +226,10 @@ def test_mismatch_message_names_the_ranks_and_the_fix(monkeypatch):
     # The O(1)-byte agreement says "differ"; the fingerprints are then
     # gathered for the message.
     monkeypatch.setattr(
-        shard_module.runtime, "same_on_all_ranks", lambda value, name=None: False
+        shard_module.collectives, "same_on_all_ranks", lambda value, name=None: False
     )
     monkeypatch.setattr(
-        shard_module.runtime,
+        shard_module.collectives,
         "allgather_object",
         lambda value, name=None: [same, other, same, other],
     )
@@ -240,7 +240,7 @@ def test_mismatch_message_names_the_ranks_and_the_fix(monkeypatch):
     assert "same shapes and dtypes, different contents" in message
     assert "seed" in message and "check=False" in message
     monkeypatch.setattr(
-        shard_module.runtime,
+        shard_module.collectives,
         "allgather_object",
         lambda value, name=None: [same, fp.fingerprint_arrays(x[:-1])],
     )

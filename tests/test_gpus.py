@@ -95,6 +95,7 @@ def test_bind_gpus_leaves_a_cpu_machine_alone(monkeypatch):
 _SCRIPT = """
 import os, sys
 import keras_mpfp16 as kmp
+import keras  # the bootstrap (KERAS_MPFP16_BIND_GPUS=1) runs before Keras loads
 print("after import", os.environ.get("CUDA_VISIBLE_DEVICES"))
 if sys.argv[1] == "late":
     import tensorflow as tf

@@ -21,7 +21,7 @@ import numpy as np
 
 import keras_mpfp16.config as config
 from keras_mpfp16 import runtime
-from keras_mpfp16.runtime.mpi import ring
+from keras_mpfp16.runtime.mpi import collectives, ring
 
 
 def main() -> None:
@@ -43,7 +43,7 @@ def main() -> None:
         for wire in ("float16", "bfloat16"):
             for schedule in ("alltoall", "ring"):
                 config.set("WIRE_SCHEDULE", schedule)
-                got = runtime.allreduce_flat(g, op="sum", wire_dtype=wire)
+                got = collectives.allreduce_flat(g, op="sum", wire_dtype=wire)
                 err = float(np.linalg.norm(got - truth) / np.linalg.norm(truth))
                 results["rel_err"][f"{case} {wire} {schedule}"] = err
     config.set("WIRE_SCHEDULE", "alltoall")

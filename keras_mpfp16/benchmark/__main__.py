@@ -81,15 +81,15 @@ def _fmt_bytes(n: int) -> str:
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
-    from keras_mpfp16 import runtime
+    from keras_mpfp16.runtime.mpi import world
 
-    runtime.init()
-    if args.what == "overhead" and runtime.size() > 1:
+    world.init()
+    if args.what == "overhead" and world.size() > 1:
         # A one-process measurement: say so once, not once per rank.
-        if runtime.is_root():
+        if world.is_root():
             print(
                 "overhead measures one process (DistributedOptimizer vs the bare "
-                f"optimizer); run it without mpirun (launched: {runtime.size()} ranks).",
+                f"optimizer); run it without mpirun (launched: {world.size()} ranks).",
                 file=sys.stderr,
             )
         return 2
@@ -99,7 +99,7 @@ def main(argv=None) -> int:
         "host": platform.node(),
         "machine": platform.machine(),
         "cpus": os.cpu_count(),
-        "size": runtime.size(),
+        "size": world.size(),
         "python": sys.version.split()[0],
     }
     if args.what == "allreduce":
@@ -112,9 +112,9 @@ def main(argv=None) -> int:
             "records": records,
             "ratios_vs_raw": allreduce.ratios(records),
         }
-        if runtime.is_root():
+        if world.is_root():
             print(
-                f"allreduce over {runtime.size()} ranks (GB/s of float32 payload; x = vs raw mpi4py)"
+                f"allreduce over {world.size()} ranks (GB/s of float32 payload; x = vs raw mpi4py)"
             )
             for row in result["ratios_vs_raw"]:
                 speeds = {
@@ -135,10 +135,10 @@ def main(argv=None) -> int:
             "config": cfg,
             **train.throughput(cfg, rounds=args.rounds or 5, plain=args.plain),
         }
-        if runtime.is_root():
+        if world.is_root():
             print(
                 f"{cfg['layers']}x LSTM({cfg['units']}) T={cfg['timesteps']} batch {cfg['batch']}/rank, "
-                f"{cfg['policy']}, {result['params']:,} params, {runtime.size()} ranks: "
+                f"{cfg['policy']}, {result['params']:,} params, {world.size()} ranks: "
                 f"{result['samples_per_s']:.0f} samples/s (rounds: "
                 + ", ".join(f"{s:.0f}" for s in result["samples_per_s_all"])
                 + ")"
@@ -151,7 +151,7 @@ def main(argv=None) -> int:
             "config": cfg,
             **train.one_process_overhead(cfg, rounds=args.rounds or 7),
         }
-        if runtime.is_root():  # under mpirun, every rank measures; one prints
+        if world.is_root():  # under mpirun, every rank measures; one prints
             print(
                 f"one process, {cfg['policy']}: DistributedOptimizer / plain throughput = "
                 f"{result['ratio_ours_over_plain']:.3f} (median of per-round ratios)\n"
@@ -162,7 +162,7 @@ def main(argv=None) -> int:
                 + ", ".join(f"{s:.0f}" for s in result["ours_samples_per_s"])
                 + " samples/s"
             )
-    if args.out and runtime.is_root():
+    if args.out and world.is_root():
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
     return 0

@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 
-from keras_mpfp16 import runtime
+from keras_mpfp16.runtime.mpi import collectives, world
 from keras_mpfp16.runtime.mpi.wire import WIRE_DTYPES
 
 DEFAULT_SIZES = [2**k for k in range(10, 29, 2)]  # 1 KiB .. 256 MiB
@@ -14,12 +14,12 @@ DEFAULT_SIZES = [2**k for k in range(10, 29, 2)]  # 1 KiB .. 256 MiB
 
 def _time_calls(fn, calls: int) -> float:
     """Seconds per call, the slowest rank's view (a collective ends for all)."""
-    runtime.barrier()
+    collectives.barrier()
     t0 = time.perf_counter()
     for _ in range(calls):
         fn()
     local = (time.perf_counter() - t0) / calls
-    return float(runtime.allreduce(np.float64(local), op="max"))
+    return float(collectives.allreduce(np.float64(local), op="max"))
 
 
 def _calls_for(nbytes: int) -> int:
@@ -43,15 +43,15 @@ def run(sizes=None, rounds: int = 3, graph: bool = True) -> list[dict]:
     back) when TensorFlow is available.
     """
     sizes = sizes or DEFAULT_SIZES
-    comm = runtime.mpi_comm()
+    comm = world.mpi_comm()
     from mpi4py import MPI
 
-    n = runtime.size()
+    n = world.size()
     graph_fn = _graph_path() if graph else None
     records = []
     for nbytes in sizes:
         elems = max(1, nbytes // 4)
-        rng = np.random.default_rng(runtime.rank())
+        rng = np.random.default_rng(world.rank())
         buf = rng.normal(size=elems).astype(np.float32)
         variants = _variants(comm, MPI, buf, graph_fn if nbytes <= 2**28 else None)
         calls = _calls_for(nbytes)
@@ -84,7 +84,7 @@ def _variants(comm, MPI, buf: np.ndarray, graph_fn) -> dict:
     raw_out, ours_out = np.empty_like(buf), np.empty_like(buf)
     variants = {"raw_mpi4py": lambda: comm.Allreduce(buf, raw_out, op=MPI.SUM)}
     for wire in WIRE_DTYPES:
-        variants[f"ours_{wire}"] = lambda w=wire: runtime.allreduce_flat(
+        variants[f"ours_{wire}"] = lambda w=wire: collectives.allreduce_flat(
             buf, "sum", w, out=ours_out
         )
     if graph_fn is not None:

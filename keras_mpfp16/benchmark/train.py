@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from keras_mpfp16 import runtime
 from keras_mpfp16.benchmark.models import count_params, random_data, stacked_lstm
 from keras_mpfp16.benchmark.timing import StepTimer, median_ratio
+from keras_mpfp16.runtime.mpi import collectives, world
 
 
 def _compiled_model(cfg: dict, distributed: bool):
@@ -46,7 +46,7 @@ def seconds_per_step(model, x, y, batch: int, steps: int) -> float:
         callbacks=[timer],
     )
     local = timer.seconds_per_step(skip=min(3, steps - 2))
-    return float(runtime.allreduce(np.float64(local), op="max"))
+    return float(collectives.allreduce(np.float64(local), op="max"))
 
 
 def throughput(cfg: dict, rounds: int = 5, plain: bool = False) -> dict:
@@ -56,11 +56,11 @@ def throughput(cfg: dict, rounds: int = 5, plain: bool = False) -> dict:
         cfg: model and run settings (see `DEFAULTS` in `__main__`).
         plain: use the bare Keras optimizer (only meaningful with one process).
     """
-    n = runtime.size()
+    n = world.size()
     model = _compiled_model(cfg, distributed=not plain)
     batch, steps = cfg["batch"], cfg["steps"]
     x, y = random_data(
-        batch * steps, cfg["timesteps"], cfg["features"], seed=runtime.rank()
+        batch * steps, cfg["timesteps"], cfg["features"], seed=world.rank()
     )
     seconds_per_step(model, x, y, batch, min(steps, 5))  # trace + warm up
     per_step = [seconds_per_step(model, x, y, batch, steps) for _ in range(rounds)]
@@ -80,7 +80,7 @@ def one_process_overhead(cfg: dict, rounds: int = 7) -> dict:
     Returns the median of per-round throughput ratios (ours / plain); 1.0
     means no overhead.
     """
-    if runtime.size() != 1:
+    if world.size() != 1:
         raise ValueError("one_process_overhead runs without mpirun (one process).")
     batch, steps = cfg["batch"], cfg["steps"]
     x, y = random_data(batch * steps, cfg["timesteps"], cfg["features"])

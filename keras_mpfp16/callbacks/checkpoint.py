@@ -13,8 +13,8 @@ import os
 
 import keras
 
-from keras_mpfp16 import runtime
 from keras_mpfp16.internals import keras as keras_internals
+from keras_mpfp16.runtime.mpi import world
 from keras_mpfp16.runtime.supervision.atomic_files import atomic_write, temporary_path
 
 __all__ = ["AtomicModelCheckpoint", "atomic_write", "temporary_path"]
@@ -75,7 +75,7 @@ class AtomicModelCheckpoint(keras.callbacks.ModelCheckpoint):
         should_save = keras_internals.checkpoint_should_save(
             self, epoch, batch, logs, filepath
         )
-        if not should_save or not runtime.is_root():
+        if not should_save or not world.is_root():
             return
         if os.path.isdir(filepath):
             raise OSError(

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import keras
 
-from keras_mpfp16 import runtime
 from keras_mpfp16.runtime import progress
+from keras_mpfp16.runtime.mpi import world
 from keras_mpfp16.sync import step_hooks
 from keras_mpfp16.sync.checks import check_equal_steps
 from keras_mpfp16.sync.metric_reduction import KEY, MetricReduction
@@ -75,7 +75,7 @@ class GlobalMetrics(keras.callbacks.Callback):
 
     def set_model(self, model):
         super().set_model(model)
-        if runtime.size() == 1 or not getattr(model, "compiled", False):
+        if world.size() == 1 or not getattr(model, "compiled", False):
             return
         if self._reduction is not None or step_hooks.installed(model, KEY):
             return  # already reduced (by us, or by the DistributedOptimizer's run)

@@ -25,7 +25,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_mpfp16 import _validate, runtime
+from keras_mpfp16 import _validate
 from keras_mpfp16.callbacks.lr_schedule import (
     DEFAULT_N0,
     scale_factor,
@@ -36,6 +36,7 @@ from keras_mpfp16.callbacks.lr_schedule import (
 from keras_mpfp16.internals import keras as keras_internals
 from keras_mpfp16.optimizer import DistributedOptimizer
 from keras_mpfp16.runtime import progress
+from keras_mpfp16.runtime.mpi import collectives, world
 from keras_mpfp16.sync import step_hooks
 
 # Inside the metric reduction (priority 100): the rate is set before the step.
@@ -222,7 +223,7 @@ class LearningRateScaler(keras.callbacks.Callback):
 
     @property
     def factor(self) -> float:
-        n = self.num_workers if self.num_workers is not None else runtime.size()
+        n = self.num_workers if self.num_workers is not None else world.size()
         return scale_factor(self.rule, n, self.n0)
 
     def _base_rate(self):
@@ -334,7 +335,7 @@ class LearningRateScaler(keras.callbacks.Callback):
         if self._data_parallel():
             # Rank 0's external changes (ReduceLROnPlateau) win everywhere.
             mult = np.asarray([ops.convert_to_numpy(self._multiplier)], np.float64)
-            self._multiplier.assign(float(runtime.broadcast(mult)[0]))
+            self._multiplier.assign(float(collectives.broadcast(mult)[0]))
         self._epoch.assign(float(epoch))
         # A fit resuming in the middle of this epoch starts at its step.
         resumed = progress.resumed()
@@ -343,7 +344,7 @@ class LearningRateScaler(keras.callbacks.Callback):
         self._rate.assign(self._current_rate())
         if resumed is not None:
             self._announce_resize(resumed[2])
-        if self.verbose > 0 and runtime.is_root():
+        if self.verbose > 0 and world.is_root():
             print(
                 f"\nEpoch {epoch + 1}: LearningRateScaler sets the learning rate to "
                 f"{float(ops.convert_to_numpy(self._rate)):.6g}."
@@ -352,10 +353,10 @@ class LearningRateScaler(keras.callbacks.Callback):
     def _announce_resize(self, written_at: int | None) -> None:
         """Rank 0, once per resume: the rate for this number of ranks when
         the backup was written by another (`num_workers` not given)."""
-        size = runtime.size()
+        size = world.size()
         if written_at in (None, size) or self.num_workers is not None:
             return
-        if not runtime.is_root():
+        if not world.is_root():
             return
         now = float(ops.convert_to_numpy(self._rate))
         was = float(
@@ -375,7 +376,7 @@ class LearningRateScaler(keras.callbacks.Callback):
 
     def _data_parallel(self) -> bool:
         """True when the ranks train one model together (and must agree)."""
-        return runtime.size() > 1 and isinstance(
+        return world.size() > 1 and isinstance(
             self.model.optimizer, DistributedOptimizer
         )
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import keras
 
-from keras_mpfp16 import runtime
 from keras_mpfp16.callbacks.wrapper import CallbackWrapper
+from keras_mpfp16.runtime.mpi import world
 
 
 class RootOnly(CallbackWrapper):
@@ -64,4 +64,4 @@ def root_only(callback: keras.callbacks.Callback) -> keras.callbacks.Callback:
             "root_only expects a keras.callbacks.Callback; received an object "
             f"of type {type(callback).__name__}."
         )
-    return callback if runtime.is_root() else RootOnly(callback)
+    return callback if world.is_root() else RootOnly(callback)

@@ -6,8 +6,8 @@ import os
 
 import keras
 
-from keras_mpfp16 import runtime
 from keras_mpfp16.runtime import trace
+from keras_mpfp16.runtime.mpi import world
 from keras_mpfp16.runtime.trace import scaling
 
 
@@ -195,7 +195,7 @@ class Timeline(keras.callbacks.Callback):
         skips = (skipped or 0) - (self._skipped_at_epoch or 0)
         entry = self._session.end_epoch(epoch, skips)
         self.report = self._session.report()
-        if self.report_style == "epoch" and runtime.is_root():
+        if self.report_style == "epoch" and world.is_root():
             print(scaling.epoch_line(epoch, entry), flush=True)
 
     def on_train_end(self, logs=None):
@@ -204,7 +204,7 @@ class Timeline(keras.callbacks.Callback):
         session, self._session = self._session, None
         self.report = session.report()
         self.written = session.finish()
-        if self.report_style == "table" and runtime.is_root():
+        if self.report_style == "table" and world.is_root():
             print(
                 f"keras_mpfp16 timeline: scaling report, {session.size} ranks\n"
                 + scaling.table(self.report["epochs"]),

@@ -48,7 +48,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from keras_mpfp16 import runtime
+from keras_mpfp16.runtime.mpi import world
 
 # Arrays above this many bytes are fingerprinted from evenly spaced rows.
 FULL_HASH_BYTES = 64 * 2**20
@@ -170,7 +170,7 @@ def dataset_crc(dataset) -> tuple:
         crc, count = leading_elements_crc(part.take(left), max_elements=left)
         crcs.append((repr(part.element_spec), crc, count))
         left -= max(count, 1)
-    unseeded = ("unseeded shuffle", runtime.rank()) if reading.unseeded_shuffle else ()
+    unseeded = ("unseeded shuffle", world.rank()) if reading.unseeded_shuffle else ()
     return (tuple(crcs), tuple(reading.stateful), unseeded)
 
 
@@ -188,4 +188,4 @@ def fingerprint(x: Any, y: Any = None, sample_weight: Any = None) -> tuple:
         n = x.num_batches
         first = first_element_crc([x[0]]) if n else 0
         return ("PyDataset", n, first)
-    return ("other", type(x).__name__, runtime.rank())
+    return ("other", type(x).__name__, world.rank())

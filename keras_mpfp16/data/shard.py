@@ -8,10 +8,11 @@ from typing import Any
 import keras
 import numpy as np
 
-from keras_mpfp16 import _validate, runtime
+from keras_mpfp16 import _validate
 from keras_mpfp16.data.arithmetic import shard_indices, shard_sizes
 from keras_mpfp16.data.fingerprint import fingerprint, fingerprint_arrays
 from keras_mpfp16.data.py_dataset import ShardedPyDataset
+from keras_mpfp16.runtime.mpi import collectives, world
 
 
 def _is_tf_dataset(x: Any) -> bool:
@@ -161,9 +162,9 @@ def check_same_data(data: tuple, dataset: bool) -> None:
     """
     mine = fingerprint(data[0]) if dataset else fingerprint_arrays(*data)
     _fingerprints.append(mine)
-    if runtime.same_on_all_ranks(mine, name="shard data fingerprint"):
+    if collectives.same_on_all_ranks(mine, name="shard data fingerprint"):
         return
-    prints = runtime.allgather_object(mine, name="shard data fingerprints")
+    prints = collectives.allgather_object(mine, name="shard data fingerprints")
     groups = _groups(prints)
     if len(groups) == 1:
         return
@@ -272,8 +273,8 @@ def shard(
     """
     if not data:
         raise ValueError("shard needs at least one array or dataset.")
-    size = runtime.size() if num_ranks is None else num_ranks
-    r = runtime.rank() if rank is None else rank
+    size = world.size() if num_ranks is None else num_ranks
+    r = world.rank() if rank is None else rank
     size = _validate.positive_int("num_ranks", size)
     r = _validate.integer("rank", r, minimum=0, maximum=size - 1)
     check = _validate.one_of("check", check, (True, False))

@@ -40,7 +40,6 @@ from typing import Any
 import keras
 import numpy as np
 
-from keras_mpfp16 import runtime
 from keras_mpfp16.data.arithmetic import shard_indices
 from keras_mpfp16.data.fingerprint import array_like as _array_like
 from keras_mpfp16.data.fingerprint import fingerprint as _fingerprint
@@ -48,6 +47,7 @@ from keras_mpfp16.data.fingerprint import first_element_crc
 from keras_mpfp16.data.fingerprint import is_tf_dataset as _is_tf_dataset
 from keras_mpfp16.data.fingerprint import leaves as _leaves
 from keras_mpfp16.data.py_dataset import ShardedPyDataset
+from keras_mpfp16.runtime.mpi import collectives, world
 
 KERAS_DEFAULT_BATCH = 32  # Keras's batch_size when None is given for arrays
 
@@ -155,10 +155,10 @@ def split_for_evaluation(
     if isinstance(x, types.GeneratorType):
         x = _peek(x)
     # One O(1)-byte agreement, not an allgather of every rank's fingerprint.
-    same = runtime.same_on_all_ranks(
+    same = collectives.same_on_all_ranks(
         fingerprint(x, y, sample_weight), name="evaluation data fingerprint"
     )
-    n, r = runtime.size(), runtime.rank()
+    n, r = world.size(), world.rank()
     if not same:
         if isinstance(x, _Peeked):
             x = x.batches(steps)

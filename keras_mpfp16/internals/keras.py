@@ -856,6 +856,12 @@ class array_datasets_without_autotune:  # noqa: N801 - used like a function
 
     _depth = 0
     _original = None
+
+    @classmethod
+    def active(cls) -> bool:
+        """Whether the patch is in place now (some scope is active)."""
+        return cls._depth > 0
+
     # Guards the count and the patch together: two threads entering (or one
     # leaving while another enters) must not both install, or restore early.
     _lock = threading.Lock()
@@ -919,6 +925,11 @@ class skip_steps_of_next_epoch:  # noqa: N801 - used like a function
     _depth = 0
     _original = None
     _pending = 0
+
+    @classmethod
+    def active(cls) -> bool:
+        """Whether the patch is in place now (some scope is active)."""
+        return cls._depth > 0
 
     @classmethod
     def arm(cls, steps: int) -> None:
@@ -998,6 +1009,21 @@ CALLBACK_LIST_EDITABLE = _register(
 )
 
 
+# What the package's patches replace in Keras, by patch (the patch table,
+# training/patches.py, names these as its targets).
+PATCH_TARGETS = {
+    "model_supports_jit": "keras.src.trainers.trainer.model_supports_jit",
+    "interactive_logging": ("keras.src.utils.io_utils.is_interactive_logging_enabled"),
+    "epoch_iterator": (
+        "keras.src.trainers.epoch_iterator.EpochIterator._enumerate_iterator"
+    ),
+    "array_dataset": (
+        "keras.src.trainers.data_adapters.array_data_adapter."
+        "ArrayDataAdapter.get_tf_dataset"
+    ),
+}
+
+
 # Every problem found on import, in one error.
 if _import_problems:
     raise KerasInternalsError(_import_problems)
@@ -1008,6 +1034,7 @@ __all__ = [
     "CALLBACK_LIST_ATTRIBUTE",
     "GET_METRICS_RESULT",
     "MODEL_CHECKPOINT_SAVE_METHOD",
+    "PATCH_TARGETS",
     "REGISTRY",
     "array_data_adapter",
     "array_datasets_without_autotune",

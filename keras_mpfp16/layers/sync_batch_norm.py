@@ -6,18 +6,18 @@ import keras
 from keras import ops
 
 from keras_mpfp16 import backend as backends
-from keras_mpfp16 import runtime
+from keras_mpfp16.runtime.mpi import world
 from keras_mpfp16.runtime.process import launcher_env as launcher
 
 
 def _distributed() -> bool:
     """Whether this process trains with others (without starting MPI in a
     process that no launcher started)."""
-    if not runtime.is_initialized():
+    if not world.is_initialized():
         launch = launcher.detect()
         if launch is None or launch.size <= 1:
             return False
-    return runtime.size() > 1
+    return world.size() > 1
 
 
 @keras.saving.register_keras_serializable(package="keras_mpfp16")

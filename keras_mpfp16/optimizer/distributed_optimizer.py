@@ -7,7 +7,7 @@ from typing import Any
 import keras
 from keras import ops
 
-from keras_mpfp16 import _validate, runtime
+from keras_mpfp16 import _validate
 from keras_mpfp16 import backend as backends
 from keras_mpfp16.backend.buckets import DEFAULT_BUCKET_MB
 from keras_mpfp16.internals import keras as keras_internals
@@ -17,7 +17,7 @@ from keras_mpfp16.optimizer.loss_scale import (
     LossScaleState,
     transition,
 )
-from keras_mpfp16.runtime.mpi import wire_tuner
+from keras_mpfp16.runtime.mpi import wire, wire_tuner, world
 from keras_mpfp16.sync.checks import check_signatures, variable_signature
 
 
@@ -157,7 +157,7 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
                 growth_interval = inner.dynamic_growth_steps
             inner = inner.inner_optimizer
         op = _validate.one_of("op", op, ("average", "sum"))
-        wire_dtype = runtime.validate_wire_dtype(wire_dtype, also=(wire_tuner.AUTO,))
+        wire_dtype = wire.validate_wire_dtype(wire_dtype, also=(wire_tuner.AUTO,))
         bucket_size_mb = _validate.number(
             "bucket_size_mb", bucket_size_mb, minimum=0, min_inclusive=False
         )
@@ -296,7 +296,7 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
             else list(self._refs.trained)
         )
         grads = list(grads)
-        if runtime.size() > 1:
+        if world.size() > 1:
             # Training loops outside `fit` (which syncs before its first
             # step): rank 0's weights, optimizer state and loss scale
             # everywhere before the first update, after the model signature
@@ -339,7 +339,7 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         # What the reduced sum is divided by, folded into the unscaling pass
         # below instead of costing a pass of its own on the host.
         divisor = 1.0
-        if runtime.size() > 1:
+        if world.size() > 1:
             if bridge.in_xla_context():
                 raise RuntimeError(
                     "DistributedOptimizer cannot run inside an XLA-compiled function: "
@@ -362,7 +362,7 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
             )
             grads = [g if p else r for g, r, p in zip(grads, reduced, passthrough)]
             if self.op == "average":
-                divisor = float(runtime.size())
+                divisor = float(world.size())
         else:
             finite = self.check_finite(grads)
 
@@ -420,7 +420,7 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         self.hysteresis_left.assign(new_state.hysteresis_left)
         self.nonfinite_streak.assign(new_state.nonfinite_streak)
         self.skipped_steps.assign_add(ops.cast(ops.logical_not(apply), "int64"))
-        if self.check_replicas_every and runtime.size() > 1:
+        if self.check_replicas_every and world.size() > 1:
             everything = self._refs.replica_variables or (variables + self.variables)
             bridge.check_replicas(everything, step, self.check_replicas_every)
 
@@ -443,7 +443,7 @@ class DistributedOptimizer(keras.optimizers.LossScaleOptimizer):
         otherwise, with one process, or before the first train step traced
         the bucket plan). Collective: every rank calls it at the same step.
         The caller re-traces the train step when the wire changed."""
-        if self.wire_dtype != wire_tuner.AUTO or runtime.size() == 1:
+        if self.wire_dtype != wire_tuner.AUTO or world.size() == 1:
             return None
         sizes = self._refs.auto_sizes
         if sizes is None:

@@ -12,30 +12,24 @@ Sub-packages, lowest first (each imports only those before it):
   them from `world.init`'s hooks.
 
 `progress` (where training is) stands alone. This package's `__init__`
-gathers the names users call (`__all__`).
+states the names users call (`__all__`) and the deprecation shims.
 """
 
 # rewrite_moved_imports: skip (names 0.2's module paths on purpose)
 
-# Names imported here but not in __all__ are re-exported for the library's
-# own modules (`runtime.allgather_object`, ...), not as API.
-# ruff: noqa: F401
+# The public API only (`__all__`): the library's own modules import the
+# sub-packages they use (`runtime.mpi.world`, ...), never this facade
+# (tests/test_front_door.py checks it).
 
-from keras_mpfp16.runtime import progress
+from keras_mpfp16._deprecation import moved_names
 from keras_mpfp16.runtime.mpi.collectives import (
-    REDUCE_OPS,
     allgather,
     allgather_object,
     allreduce,
-    allreduce_flat,
     barrier,
     broadcast,
-    broadcast_arrays,
-    same_on_all_ranks,
-    validate_op,
 )
 from keras_mpfp16.runtime.mpi.cuda import cuda_aware
-from keras_mpfp16.runtime.mpi.wire import WIRE_DTYPES, validate_wire_dtype
 from keras_mpfp16.runtime.mpi.world import (
     init,
     is_initialized,
@@ -46,19 +40,16 @@ from keras_mpfp16.runtime.mpi.world import (
     rank,
     shutdown,
     size,
-    warn_once_per_job,
 )
-from keras_mpfp16.runtime.process.threads import apply_thread_defaults
 from keras_mpfp16.runtime.progress import set_epoch
 
 # Registers the job's services (stall inspector, rendezvous, abort on
-# failure) with `world.init`.
-from keras_mpfp16.runtime.supervision import services
+# failure) with `world.init`: any import of a runtime module runs this
+# package's `__init__` first, so every process that can call `init` has them.
+from keras_mpfp16.runtime.supervision import services  # noqa: F401
 from keras_mpfp16.runtime.supervision.stall import configure as configure_stall
 
-# What users call. The other names imported above (the numpy entry points
-# the bridges use, the validators, the submodules) stay importable for the
-# library itself and for code written against 0.2, but are not the API.
+# What users call.
 __all__ = [
     "allgather",
     "allgather_object",
@@ -83,10 +74,27 @@ __all__ = [
 # small modules at the old paths forward with a warning.
 _MOVED = ("collectives", "cuda", "stall", "world")
 
+# Re-exported here until 0.3 for the library's own modules, never the API:
+# importable until 0.4, with a warning naming where each lives.
+_moved_names = moved_names(
+    __name__,
+    {
+        "REDUCE_OPS": "keras_mpfp16.runtime.mpi.collectives",
+        "allreduce_flat": "keras_mpfp16.runtime.mpi.collectives",
+        "broadcast_arrays": "keras_mpfp16.runtime.mpi.collectives",
+        "same_on_all_ranks": "keras_mpfp16.runtime.mpi.collectives",
+        "validate_op": "keras_mpfp16.runtime.mpi.collectives",
+        "WIRE_DTYPES": "keras_mpfp16.runtime.mpi.wire",
+        "validate_wire_dtype": "keras_mpfp16.runtime.mpi.wire",
+        "warn_once_per_job": "keras_mpfp16.runtime.mpi.world",
+        "apply_thread_defaults": "keras_mpfp16.runtime.process.threads",
+    },
+)
+
 
 def __getattr__(name: str):
     if name in _MOVED:
         import importlib
 
         return importlib.import_module(f"{__name__}.{name}")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _moved_names(name)

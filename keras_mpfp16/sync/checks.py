@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from keras_mpfp16 import runtime
+from keras_mpfp16.runtime.mpi import collectives, world
 
 UNSEEDED_CHOICE_HINT = (
     "The usual cause: a random choice made on every rank without a common "
@@ -49,9 +49,9 @@ def check_signatures(mine: list[tuple], what: str = "trainable variables") -> No
             rank 0's and the counts on both ranks.
     """
     shapes = [tuple(s[1:]) for s in mine]
-    if runtime.same_on_all_ranks(shapes, name="model signature check"):
+    if collectives.same_on_all_ranks(shapes, name="model signature check"):
         return
-    everyone = runtime.allgather_object(mine, name="model signatures")
+    everyone = collectives.allgather_object(mine, name="model signatures")
     ref = everyone[0]
     for r, sig in enumerate(everyone[1:], start=1):
         if [s[1:] for s in sig] == [s[1:] for s in ref]:
@@ -75,7 +75,7 @@ def check_signatures(mine: list[tuple], what: str = "trainable variables") -> No
 
 def check_same_variables(variables, what: str = "trainable variables") -> None:
     """`check_signatures` of `variables` (every rank must call it)."""
-    if runtime.size() > 1:
+    if world.size() > 1:
         check_signatures(variable_signature(variables), what)
 
 
@@ -87,9 +87,9 @@ def check_equal_steps(steps) -> None:
             None when unknown (then no rank's count is compared).
     """
     mine = -1 if steps is None else int(steps)
-    if runtime.same_on_all_ranks(mine, name="equal steps check"):
+    if collectives.same_on_all_ranks(mine, name="equal steps check"):
         return  # O(1) bytes per rank; the table only when ranks differ
-    table = runtime.allgather(np.int64(mine))
+    table = collectives.allgather(np.int64(mine))
     if (table >= 0).all() and len(set(table.tolist())) > 1:
         raise ValueError(
             "Ranks would run different numbers of training steps per epoch: "

@@ -43,8 +43,8 @@ import numpy as np
 from keras import ops
 
 from keras_mpfp16 import backend as backends
-from keras_mpfp16 import runtime
 from keras_mpfp16.internals import keras as keras_internals
+from keras_mpfp16.runtime.mpi import world
 from keras_mpfp16.runtime.supervision import preemption
 from keras_mpfp16.sync import step_hooks
 
@@ -186,7 +186,7 @@ class MetricReduction:
         logs = step(data)
         increments = [ops.copy(v) for v in variables]
         deltas = [ops.subtract(ops.copy(v), b) for v, b in zip(averaged, before)]
-        n, r = runtime.size(), runtime.rank()
+        n, r = world.size(), world.rank()
         parts = _flat64(increments) + _flat64(deltas)
         if slots:
             row = ops.stack([ops.cast(s, "float64") for s in slots])

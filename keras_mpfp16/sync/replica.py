@@ -35,8 +35,8 @@ import numpy as np
 from keras import ops
 
 from keras_mpfp16 import backend as backends
-from keras_mpfp16 import runtime
 from keras_mpfp16.internals import keras as keras_internals
+from keras_mpfp16.runtime.mpi import collectives, world
 from keras_mpfp16.sync.checks import UNSEEDED_CHOICE_HINT, check_same_variables
 from keras_mpfp16.sync.input_spec import traced_input_spec
 
@@ -170,7 +170,7 @@ def build_before_fit(model, arguments: dict) -> bool:
             why = f"{type(exc).__name__}: {exc}"
     if is_built(model):
         return True
-    runtime.warn_once_per_job(_DEFERRED_SYNC_WARNING.format(why=why), stacklevel=3)
+    world.warn_once_per_job(_DEFERRED_SYNC_WARNING.format(why=why), stacklevel=3)
     return False
 
 
@@ -206,7 +206,7 @@ def agree_on_initial_epoch(model) -> None:
     """The epoch `fit` starts from, as rank 0 has it (after a restore there)."""
     value = keras_internals.get_initial_epoch(model)
     mine = np.int64(-1 if value is None else value)
-    root = int(runtime.broadcast(np.asarray([mine]))[0])
+    root = int(collectives.broadcast(np.asarray([mine]))[0])
     keras_internals.set_initial_epoch(model, None if root < 0 else root)
 
 
@@ -229,7 +229,7 @@ def average_non_trainable(model, baseline: list | None) -> list:
             for v, b in zip(values, baseline)
         ]
     )
-    mean = runtime.allreduce(deltas, op="average", name="non-trainable averaging")
+    mean = collectives.allreduce(deltas, op="average", name="non-trainable averaging")
     out, offset = [], 0
     for var, b in zip(variables, baseline):
         size = int(np.prod(var.shape))

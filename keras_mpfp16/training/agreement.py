@@ -34,10 +34,10 @@ import os
 
 import keras
 
-from keras_mpfp16 import runtime
 from keras_mpfp16.callbacks.lr_scaler import LearningRateScaler
 from keras_mpfp16.callbacks.root_only import RootOnly
 from keras_mpfp16.callbacks.timeline import Timeline
+from keras_mpfp16.runtime.mpi import collectives
 
 # Written by rank 0 only, whatever the list of the other ranks holds.
 WRITER_TYPES = (
@@ -206,9 +206,9 @@ def agree(mine: dict) -> dict:
     case); otherwise they are gathered and checked (`problems`), and every
     rank raises the same `CallbacksDiffer` when they cannot be reconciled.
     """
-    if runtime.same_on_all_ranks(mine, "callback lists"):
+    if collectives.same_on_all_ranks(mine, "callback lists"):
         return mine
-    descriptions = runtime.allgather_object(mine, "callback lists")
+    descriptions = collectives.allgather_object(mine, "callback lists")
     found = problems(descriptions)
     if found:
         raise CallbacksDiffer(

@@ -48,7 +48,6 @@ import threading
 
 import keras
 
-from keras_mpfp16 import runtime
 from keras_mpfp16.callbacks.checkpoint import AtomicModelCheckpoint
 from keras_mpfp16.callbacks.root_only import RootOnly
 from keras_mpfp16.callbacks.wrapper import CallbackWrapper
@@ -91,7 +90,7 @@ def make_safe(callback: keras.callbacks.Callback) -> keras.callbacks.Callback:
         return callback
     if isinstance(callback, keras.callbacks.BackupAndRestore):
         return SafeBackupAndRestore(callback)
-    if runtime.is_root():
+    if world.is_root():
         return callback
     if isinstance(callback, BOOKKEEPING_TYPES):
         return BookkeepingOnly(callback)
@@ -285,7 +284,7 @@ class SafeBackupAndRestore(CallbackWrapper):
 
     def on_train_begin(self, logs=None):
         self._last_batch, self._since_save, self._deferred = 0, 0, False
-        if runtime.is_root():
+        if world.is_root():
             self._writes.wait()
             self.recover()
             self.callback.on_train_begin(logs)
@@ -408,13 +407,13 @@ class SafeBackupAndRestore(CallbackWrapper):
     def on_epoch_end(self, epoch, logs=None):
         self._epoch, self._steps = epoch + 1, 0
         self._last_batch = 0
-        if runtime.is_root() and self.callback.save_freq == "epoch":
+        if world.is_root() and self.callback.save_freq == "epoch":
             self._writes.wait()
             self._back_up_in_background()
 
     def on_train_batch_end(self, batch, logs=None):
         self._steps = batch + 1
-        if not runtime.is_root():
+        if not world.is_root():
             return
         self._writes.raise_failure()
         if self.callback.save_freq in ("epoch", False):  # counts nothing
@@ -429,7 +428,7 @@ class SafeBackupAndRestore(CallbackWrapper):
         self._back_up_in_background()
 
     def on_train_end(self, logs=None):
-        if runtime.is_root():
+        if world.is_root():
             self._writes.wait()
             self.callback.on_train_end(logs)
 

@@ -7,8 +7,8 @@ from typing import Any
 import keras
 import numpy as np
 
-from keras_mpfp16 import runtime
 from keras_mpfp16.data.arithmetic import shard_sizes
+from keras_mpfp16.runtime.mpi import collectives, world
 
 
 def _rows(structure: Any, start: int, stop: int) -> Any:
@@ -17,7 +17,7 @@ def _rows(structure: Any, start: int, stop: int) -> Any:
 
 def _gather(structure: Any) -> Any:
     return keras.tree.map_structure(
-        lambda leaf: runtime.allgather(np.asarray(leaf)), structure
+        lambda leaf: collectives.allgather(np.asarray(leaf)), structure
     )
 
 
@@ -57,10 +57,10 @@ def split_predict(model, x: Any, batch_size: int | None = None, **kwargs) -> Any
             "on each rank's keras_mpfp16.shard(dataset, drop_remainder=False)."
         )
     n_rows = int(np.shape(leaves[0])[0])
-    sizes = shard_sizes(n_rows, runtime.size(), drop_remainder=False)
-    start = sum(sizes[: runtime.rank()])
-    mine = _rows(x, start, start + sizes[runtime.rank()])
-    if sizes[runtime.rank()] == 0:
+    sizes = shard_sizes(n_rows, world.size(), drop_remainder=False)
+    start = sum(sizes[: world.rank()])
+    mine = _rows(x, start, start + sizes[world.rank()])
+    if sizes[world.rank()] == 0:
         # Predict one row for the output structure, contribute none of it.
         out = model.predict(_rows(x, 0, 1), batch_size=batch_size, **kwargs)
         out = _rows(out, 0, 0)

@@ -57,10 +57,10 @@ import keras
 import numpy as np
 
 from keras_mpfp16 import _settings as env
-from keras_mpfp16 import runtime
 from keras_mpfp16.data.shard import fingerprints as shard_fingerprints
 from keras_mpfp16.internals import keras as keras_internals
 from keras_mpfp16.runtime import progress
+from keras_mpfp16.runtime.mpi import collectives, world
 from keras_mpfp16.runtime.supervision import atomic_files, preemption
 from keras_mpfp16.sync.metric_reduction import metric_variables
 from keras_mpfp16.training.files import SafeBackupAndRestore
@@ -255,7 +255,7 @@ def job_identity(model) -> dict:
         "optimizer_name": opt_name,
         "host": socket.gethostname(),
         "time": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-        "ranks": runtime.size(),
+        "ranks": world.size(),
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
         "pid": os.getpid(),
     }
@@ -324,7 +324,7 @@ class OwnBackup(SafeBackupAndRestore):
 
     def on_train_begin(self, logs=None):
         self.job = job_identity(self.model)
-        found = runtime.is_root() and (
+        found = world.is_root() and (
             os.path.isdir(self.backup_dir)
             or os.path.isdir(self._old)
             or os.path.isdir(self._new)
@@ -333,23 +333,23 @@ class OwnBackup(SafeBackupAndRestore):
         if found:
             self.recover()
             verdict = self._verdict()
-        verdict = runtime.broadcast(verdict)
+        verdict = collectives.broadcast(verdict)
         if verdict is None:
             return
         action, message = verdict
         if action == "refuse":
             raise BackupOfAnotherJob(message)
         if action == "fresh":
-            if runtime.is_root():
+            if world.is_root():
                 shutil.rmtree(self.backup_dir, ignore_errors=True)
                 sys.stderr.write(message + "\n")
             return
-        if runtime.is_root():
+        if world.is_root():
             self.callback.on_train_begin(logs)
 
     def on_train_end(self, logs=None):
         super().on_train_end(logs)
-        if runtime.is_root() and not (env.get("PREEMPTION_DIR") or "").strip():
+        if world.is_root() and not (env.get("PREEMPTION_DIR") or "").strip():
             # The default `keras_mpfp16_preemption/<script>`: leave no empty
             # folders behind (ours only; a folder the user named stays).
             for folder in (os.path.dirname(self.backup_dir), preemption.DEFAULT_DIR):
@@ -516,13 +516,13 @@ class Preemption(keras.callbacks.Callback):
         if users:  # its writer is recorded only, never compared
             self.writer.job = job_identity(self.model)
         self.writer.layout = {
-            "ranks": runtime.size(),
+            "ranks": world.size(),
             "steps_per_epoch": (self.params or {}).get("steps"),
             "batch_size": self.batch_size,
         }
         progress.clear_resumed()
-        record = self.writer.resume_point() if runtime.is_root() else None
-        record = runtime.broadcast(record)
+        record = self.writer.resume_point() if world.is_root() else None
+        record = collectives.broadcast(record)
         start = keras_internals.get_initial_epoch(self.model) or 0
         if record and int(record.get("steps_done", 0)) > 0:
             if int(record.get("epoch", -1)) == start:
@@ -535,7 +535,7 @@ class Preemption(keras.callbacks.Callback):
                 resized = (saved, steps, rule)
                 self._resume = {**self._resume, "steps_done": steps}
             progress.set_resumed(start, steps, _count(self._resume, "ranks"))
-        if record and runtime.is_root():
+        if record and world.is_root():
             steps = int(self._resume["steps_done"]) if self._resume else 0
             # One line that cannot be missed, also for an epoch-boundary backup.
             which = "backup" if users else "preemption backup"
@@ -574,14 +574,14 @@ class Preemption(keras.callbacks.Callback):
             self._stop(epoch + 1, 0)
 
     def _stop(self, epoch: int, steps: int) -> None:
-        if runtime.is_root():
+        if world.is_root():
             self.writer.write_now(epoch, steps)
-        runtime.barrier()  # every rank leaves once the backup is complete
+        collectives.barrier()  # every rank leaves once the backup is complete
         preemption.mark_exiting()
         exc = preemption.Preempted(
             preemption.requested(), epoch, steps, self.writer.backup_dir
         )
-        if runtime.is_root():
+        if world.is_root():
             sys.stderr.write(
                 f"keras_mpfp16: {exc} (epoch {epoch + 1} resumes at step {steps} "
                 "when the job is started again)\n"
@@ -593,7 +593,7 @@ class Preemption(keras.callbacks.Callback):
 def _resized_message(epoch: int, resized: tuple, record: dict, stop) -> str:
     """Rank 0's line for a resume at another number of ranks."""
     saved, steps, rule = resized
-    old_n, new_n = record.get("ranks"), runtime.size()
+    old_n, new_n = record.get("ranks"), world.size()
     old_s = _count(record, "steps_per_epoch")
     new_s = _count(stop.writer.layout, "steps_per_epoch")
     of_old = f" of {old_s}" if old_s else ""

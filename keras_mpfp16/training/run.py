@@ -25,12 +25,12 @@ from collections.abc import Iterator
 
 import keras
 
-from keras_mpfp16 import runtime
 from keras_mpfp16.callbacks.global_metrics import GlobalMetrics
 from keras_mpfp16.callbacks.timeline import Timeline
 from keras_mpfp16.data.split import split_for_evaluation
 from keras_mpfp16.internals import keras as keras_internals
 from keras_mpfp16.runtime import progress, trace
+from keras_mpfp16.runtime.mpi import collectives, world
 from keras_mpfp16.runtime.supervision import preemption
 from keras_mpfp16.sync import replica
 from keras_mpfp16.sync.checks import check_equal_steps
@@ -148,7 +148,7 @@ class DistributedRun:
             writer, listed = training_preemption.writer_for(
                 user, agreed["backup"], agreed["own_backup"]
             )
-            if runtime.is_root():
+            if world.is_root():
                 training_preemption.remove_stale_temporaries(user, writer)
             if writer is not None:
                 # The library's own backup (or, on a rank without rank 0's
@@ -284,11 +284,11 @@ class _RunEnd(keras.callbacks.Callback):
         self.run = run
 
     def on_train_end(self, logs=None):
-        runtime.barrier()
+        collectives.barrier()
 
     def on_test_end(self, logs=None):
         if not self.run.training:  # not the validation inside fit
-            runtime.barrier()
+            collectives.barrier()
 
 
 @contextlib.contextmanager

@@ -26,7 +26,6 @@ from typing import Any
 import keras
 
 from keras_mpfp16 import _settings as env
-from keras_mpfp16 import runtime
 from keras_mpfp16.callbacks.global_metrics import GlobalMetrics
 from keras_mpfp16.internals import keras as keras_internals
 from keras_mpfp16.optimizer import DistributedOptimizer, engines
@@ -92,7 +91,7 @@ def fit_arguments(signature_of: Callable, args: tuple, kwargs: dict) -> Iterator
             return
         engines.check_no_other_engine(model, _REFUSED.format("fit"))
         with _input_pipelines():
-            if runtime.size() == 1:
+            if world.size() == 1:
                 yield arguments
                 return
             quiet_non_root_ranks()
@@ -126,8 +125,8 @@ def evaluate_arguments(
             if (
                 cached
                 or world.launched_size() == 1
-                or not runtime.is_initialized()
-                or runtime.size() == 1
+                or not world.is_initialized()
+                or world.size() == 1
             ):
                 yield arguments
                 return

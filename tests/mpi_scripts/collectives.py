@@ -8,6 +8,7 @@ import json
 import numpy as np
 
 from keras_mpfp16 import runtime
+from keras_mpfp16.runtime.mpi import collectives
 
 runtime.init()
 runtime.init()  # idempotent
@@ -35,7 +36,7 @@ arr = np.arange(5, dtype=np.float64) * (rank + 1) if rank == 1 else None
 out["bcast_array"] = runtime.broadcast(arr, root=1).tolist()
 out["bcast_arrays"] = [
     a.tolist()
-    for a in runtime.broadcast_arrays(
+    for a in collectives.broadcast_arrays(
         [np.float32(rank), np.full((2, 2), rank, dtype=np.int64)], root=0
     )
 ]
@@ -48,7 +49,7 @@ grads = (rng.normal(size=10_001) * 10.0 ** rng.integers(-6, 2, size=10_001)).ast
 )
 truth = runtime.allreduce(grads.astype(np.float64), op="sum") / n
 for wire in ("float32", "float16", "bfloat16"):
-    got = runtime.allreduce_flat(grads, op="average", wire_dtype=wire)
+    got = collectives.allreduce_flat(grads, op="average", wire_dtype=wire)
     digests = runtime.allgather(np.frombuffer(got.tobytes(), dtype=np.uint8)[None])
     out[f"wire_{wire}_identical"] = bool(all((d == digests[0]).all() for d in digests))
     # Normwise relative error: the 16-bit formats round the inputs once.
@@ -60,13 +61,13 @@ for wire in ("float32", "float16", "bfloat16"):
     for label, magnitude in (("tiny", 1e-9), ("huge", 1e6)):
         vals = (np.linspace(1.0, 2.0, 257) * magnitude * (rank + 1)).astype(np.float32)
         want = np.linspace(1.0, 2.0, 257) * magnitude * sum(range(1, n + 1)) / n
-        got_v = runtime.allreduce_flat(vals, op="average", wire_dtype=wire)
+        got_v = collectives.allreduce_flat(vals, op="average", wire_dtype=wire)
         out[f"wire_{wire}_{label}_rel_err"] = float(np.max(np.abs(got_v - want) / want))
 
 # The ring allgather (runtime/mpi/ring.py) against MPI's Allgather: the same
 # bytes, for an odd block size; and the 16-bit numpy wire on rows large enough
 # for the ring by default equals the same reduction with the ring turned off.
-from keras_mpfp16.runtime.mpi import collectives, ring, world  # noqa: E402
+from keras_mpfp16.runtime.mpi import ring, world  # noqa: E402
 
 block = np.random.default_rng(7 + rank).integers(0, 255, size=1001, dtype=np.uint8)
 via_ring = np.empty((n, 1001), np.uint8)
@@ -83,7 +84,7 @@ big = rng.normal(size=n * (ring.RING_MIN_BYTES // 2 + 5)).astype(np.float32)
 big_truth = runtime.allreduce(big.astype(np.float64), op="sum")
 for schedule in ("ring", "alltoall"):
     kmp_config.set("WIRE_SCHEDULE", schedule)
-    got = runtime.allreduce_flat(big, op="sum", wire_dtype="float16")
+    got = collectives.allreduce_flat(big, op="sum", wire_dtype="float16")
     out[f"big_{schedule}_rel_err"] = float(
         np.linalg.norm(got - big_truth) / np.linalg.norm(big_truth)
     )

@@ -42,6 +42,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import keras_mpfp16 as kmp  # noqa: E402
+from keras_mpfp16.training import patches  # noqa: E402
 
 out_dir, modes = sys.argv[1], sys.argv[2].split(",")
 mode = modes[0]  # the mode running now (read by the model classes)
@@ -152,7 +153,12 @@ def train(model):
         "evaluate": {k: float(v) for k, v in logs.items()},
         "digest": digest(model),
         "csv": csv_text,
-        "patches": kmp.training.installed(),
+        # The Keras patches (the rows KERAS_MPFP16_PATCH_KERAS=0 leaves out).
+        "patches": {
+            name: on
+            for name, on in kmp.training.installed().items()
+            if patches.ROWS[name].keras_patch
+        },
     }
 
 

@@ -28,7 +28,11 @@ from keras_mpfp16 import runtime  # noqa: E402
 from keras_mpfp16.backend import tf_gradients as tg  # noqa: E402
 from keras_mpfp16.backend import tf_path  # noqa: E402
 from keras_mpfp16.runtime import progress  # noqa: E402
-from keras_mpfp16.runtime.mpi import cuda, ring  # noqa: E402
+from keras_mpfp16.runtime.mpi import (  # noqa: E402
+    collectives,  # noqa: E402
+    cuda,
+    ring,
+)
 from keras_mpfp16.runtime.mpi import wire as wire_codec  # noqa: E402
 
 runtime.init()
@@ -217,7 +221,7 @@ for path in ("host", "dlpack"):
             with counting() as rs_calls:
                 got, finite = reduce([*grads, tiny, huge, emb], wire, bucket_bytes=2100)
             (one_tf,), _ = reduce([one_vector], wire, bucket_bytes=2**24)
-            one_np = runtime.allreduce_flat(one_vector, op="sum", wire_dtype=wire)
+            one_np = collectives.allreduce_flat(one_vector, op="sum", wire_dtype=wire)
             out[f"{key}_{schedule}_numpy_equal"] = bool(np.array_equal(one_tf, one_np))
         out[f"{key}_sendrecv"] = gradient_calls(rs_calls).get("Sendrecv", 0)
         out[f"{key}_alltoall"] = gradient_calls(rs_calls).get("Alltoall", 0)

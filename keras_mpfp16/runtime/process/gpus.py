@@ -198,7 +198,12 @@ def bind(
             "(`srun --gpus-per-task=1`)."
         )
     os.environ["CUDA_VISIBLE_DEVICES"] = value
+    bound["CUDA_VISIBLE_DEVICES"] = value
     return wanted
+
+
+# What `bind` set in this process (the patch registry lists it).
+bound: dict[str, str] = {}
 
 
 def bind_requested() -> bool:

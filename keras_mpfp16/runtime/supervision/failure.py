@@ -46,6 +46,12 @@ _installed = False
 _main = {"frame": None, "exc": None, "lasti": None}
 
 
+def abort_on_exception_installed() -> bool:
+    """Whether this process's `sys.excepthook`, `sys.exit` and exit check are
+    the job-ending ones (`install_abort_on_exception`)."""
+    return _installed
+
+
 def enabled_by_env() -> bool:
     return env.get("ABORT_ON_EXCEPTION")
 

@@ -162,6 +162,11 @@ def _previous_is_callable(previous) -> bool:
     return callable(previous) and previous not in (signal.SIG_DFL, signal.SIG_IGN)
 
 
+def handling_active() -> bool:
+    """Whether `handling()` is active (its signal handlers installed)."""
+    return bool(_state["active"])
+
+
 @contextlib.contextmanager
 def handling():
     """While active (one multi-process `fit`): SIGTERM and SIGUSR1 are recorded.
