@@ -394,6 +394,21 @@ register(
     "See [Benchmarks](benchmarks.md#four-emulated-nodes-what-bounds-the-16-bit-wire).",
 )
 register(
+    "WIRE_PIPELINE_SEGMENT",
+    "int",
+    0,
+    minimum=0,
+    read="when the train step is traced (numpy callers: per call)",
+    doc="Pipelines the 16-bit wires' reduction: a bucket whose owner's row "
+    "is longer than this many values is cut into segments (each row with "
+    "its own float16 exponent), and segment s+1's `Ialltoall` is on the "
+    "wire while segment s is summed (in float32, as always) and gathered "
+    "(`Iallgather`). `0` (default): off, one `Alltoall` + allgather per "
+    "bucket. A fixed schedule: must be the same on every rank. Not used "
+    "with `WIRE_SCHEDULE=ring` or on the device (GPU) buffer path. "
+    "See [Benchmarks](benchmarks.md#the-pipelined-16-bit-reduction).",
+)
+register(
     "SPARSE_GRADIENTS",
     "choice",
     "auto",
