@@ -15,8 +15,8 @@ depend only on the bucket's length, N and the setting):
     for s in 0..S-1:
         wait Ialltoall(s); post Ialltoall(s + depth)
         owner's float32 sum of segment s (the caller's codec)
-        post Iallgather(s)
-    wait every Iallgather
+        post Iallgather(s); wait Iallgather(s - depth)
+    wait the Iallgathers left
 
 so segment s+1's rows are on the wire while segment s is summed, and the
 owners' rows of earlier segments are gathered meanwhile. Non-blocking
@@ -94,6 +94,11 @@ def reduce_segments(
             mine = np.ascontiguousarray(owner_sum(recv[s], s))
             rows.append(mine)
             gathers.append(comm.Iallgather(mine, gathered[s]))
+            if s >= DEPTH:
+                # At most DEPTH gathers in flight: Open MPI's progress
+                # engine walks every active request on each call.
+                gathers[s - DEPTH].Wait()
+                rows[s - DEPTH] = None
         MPI.Request.Waitall(gathers)
     except BaseException:
         # An error in a segment's sum (it raises on every rank alike: the
