@@ -1,13 +1,15 @@
 """The pipelined 16-bit reduction in whole train steps on the emulated
 cluster: `WIRE_PIPELINE_SEGMENT=0` (off, the default) against segments.
 
-    python examples/benchmarks/cluster_pipeline.py --nodes 4 --rates 1gbit,10gbit \\
-        --segments 32000,262144 --rounds 3 --out docs/benchmarks/cluster_pipeline_4nodes.json
+    python examples/benchmarks/cluster_pipeline.py --nodes 4 \\
+        --jobs 4:10gbit,2:1gbit,2:10gbit,4:1gbit --segments 262144 --rounds 3 \\
+        --out docs/benchmarks/cluster_pipeline.json
 
 Root, under the cluster lock (`flock /work/wt/cluster.lock` on the shared
 development machine); every node with its own /tmp (`private_tmp`). Per
-rate, one `cluster_worker.py` job on the dense model (~25M parameters, 25 MB
-buckets) measures, interleaved round by round inside the job (A B C, C B A,
+job (a number of nodes, one rank each, and a link rate), one
+`cluster_worker.py` job on the dense model (~25M parameters, 25 MB buckets)
+measures, interleaved round by round inside the job (A B C, C B A,
 ...): `comm_f16` (the in-step 16-bit reduction alone) and `f16` (the whole
 step in `fit`), unpipelined and with each segment size (`comm_f16@S`,
 `f16@S`). Prints every round, the medians and the per-round ratios
@@ -28,7 +30,11 @@ HERE = Path(__file__).resolve().parent
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--nodes", type=int, default=4)
-    p.add_argument("--rates", default="1gbit,10gbit")
+    p.add_argument(
+        "--jobs",
+        default="4:1gbit,4:10gbit",
+        help="nodes:rate of each job, in order (nodes <= --nodes)",
+    )
     p.add_argument("--segments", default="32000,262144")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--model", default="dense")
@@ -45,13 +51,14 @@ def main() -> int:
     argv = [HERE / "cluster_worker.py", "--model", args.model]
     argv += ["--configs", ",".join(configs), "--rounds", str(args.rounds)]
     results = {"nodes": args.nodes, "model": args.model, "jobs": []}
-    rates = args.rates.split(",")
-    with Cluster(nodes=args.nodes, rate=rates[0], private_tmp=True) as c:
-        for rate in rates:
+    jobs = [(int(j.split(":")[0]), j.split(":")[1]) for j in args.jobs.split(",")]
+    with Cluster(nodes=args.nodes, rate=jobs[0][1], private_tmp=True) as c:
+        for nodes, rate in jobs:
             c.set_rate(rate)
-            print(f"== {args.nodes} nodes, {rate}", flush=True)
+            print(f"== {nodes} nodes, {rate}", flush=True)
             start = time.strftime("%Y-%m-%d %H:%M:%S")
-            job = run_job(c, args.nodes, argv, extra=RING, timeout=1800)
+            out = c.shared_dir("pipeline") / "job.json"
+            job = run_job(c, nodes, argv, extra=RING, timeout=1800, out=out)
             raw = job["seconds_per_step"]
             ratio = {}
             for base in ("comm_f16", "f16"):
@@ -69,6 +76,7 @@ def main() -> int:
             print("load average after the job:", load, flush=True)
             results["jobs"].append(
                 {
+                    "nodes": nodes,
                     "rate": rate,
                     "start": start,
                     "ms": {k: [1e3 * t for t in v] for k, v in raw.items()},
@@ -77,8 +85,8 @@ def main() -> int:
                     "loadavg_after": load,
                 }
             )
-    if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
+            if args.out:  # after every job: a later failure keeps the earlier
+                Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
     return 0
 
 
