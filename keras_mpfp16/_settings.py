@@ -406,6 +406,11 @@ register(
     "(`Iallgather`). `0` (default): off, one `Alltoall` + allgather per "
     "bucket. A fixed schedule: must be the same on every rank. Not used "
     "with `WIRE_SCHEDULE=ring` or on the device (GPU) buffer path. "
+    "Measured on a loaded 2-core machine: `262144` made the dense model's "
+    "step 0.87x at 4 emulated nodes and 1 Gbit/s, but 1.03-1.15x at 10 "
+    "Gbit/s, at 2 nodes and on one box (the sums' extra cost where there is "
+    "little transfer to hide them under), so it is off by default; try it "
+    "on TCP clusters of 4+ nodes whose links bound the step. "
     "See [Benchmarks](benchmarks.md#the-pipelined-16-bit-reduction).",
 )
 register(
