@@ -95,7 +95,7 @@ def reduce_segments(
             rows.append(mine)
             gathers.append(comm.Iallgather(mine, gathered[s]))
             if s >= DEPTH:
-                # At most DEPTH gathers in flight: Open MPI's progress
+                # At most DEPTH + 1 gathers in flight: Open MPI's progress
                 # engine walks every active request on each call.
                 gathers[s - DEPTH].Wait()
                 rows[s - DEPTH] = None
