@@ -394,6 +394,26 @@ register(
     "See [Benchmarks](benchmarks.md#four-emulated-nodes-what-bounds-the-16-bit-wire).",
 )
 register(
+    "WIRE_PIPELINE_SEGMENT",
+    "int",
+    0,
+    minimum=0,
+    read="when the train step is traced (numpy callers: per call)",
+    doc="Pipelines the 16-bit wires' reduction: a bucket whose owner's row "
+    "is longer than this many values is cut into segments (each row with "
+    "its own float16 exponent), and segment s+1's `Ialltoall` is on the "
+    "wire while segment s is summed (in float32, as always) and gathered "
+    "(`Iallgather`). `0` (default): off, one `Alltoall` + allgather per "
+    "bucket. A fixed schedule: must be the same on every rank. Not used "
+    "with `WIRE_SCHEDULE=ring` or on the device (GPU) buffer path. "
+    "Measured on a loaded 2-core machine: `262144` made the dense model's "
+    "step 0.87x at 4 emulated nodes and 1 Gbit/s, but 1.03-1.15x at 10 "
+    "Gbit/s, at 2 nodes and on one box (the sums' extra cost where there is "
+    "little transfer to hide them under), so it is off by default; try it "
+    "on TCP clusters of 4+ nodes whose links bound the step. "
+    "See [Benchmarks](benchmarks.md#the-pipelined-16-bit-reduction).",
+)
+register(
     "SPARSE_GRADIENTS",
     "choice",
     "auto",

@@ -83,8 +83,12 @@ RING = [
 ]
 
 
-def run_job(cluster, nodes, argv, env=None, timeout=3600, extra=(), python=None):
-    tmp = Path(f"/tmp/kmp_cluster_job_{os.getpid()}.json")
+def run_job(
+    cluster, nodes, argv, env=None, timeout=3600, extra=(), python=None, out=None
+):
+    # `out`: where rank 0 writes its JSON (a path every node sees, e.g. in
+    # `cluster.shared_dir()`, when the nodes have their own /tmp).
+    tmp = Path(out or f"/tmp/kmp_cluster_job_{os.getpid()}.json")
     tmp.unlink(missing_ok=True)
     cmd = cluster.mpirun_command(
         [python or sys.executable, *map(str, argv), "--out", str(tmp)],

@@ -28,6 +28,9 @@ Configurations:
   comm_<x>       the in-step reduction path alone, on this model's gradient
                  shapes (`bridge.allreduce_gradients` in a tf.function): the
                  communication-only time of configuration <x>
+  <x>@<S>        configuration <x> (a 16-bit wire) on the pipelined schedule,
+                 `WIRE_PIPELINE_SEGMENT=S` while it is traced and measured
+                 (e.g. f16@32768, comm_f16@32768 beside f16, comm_f16)
 
 Every figure is seconds per step (the slowest rank's), one per round; rank 0
 prints each round and writes JSON with --out. Training configurations also
@@ -36,6 +39,7 @@ the seconds per step spent inside gradient collectives (`in_collectives`).
 """
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -74,6 +78,18 @@ class Timer(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         self.recorder.end_step()
         self.stamps.append(time.perf_counter())
+
+
+@contextlib.contextmanager
+def pipeline_setting(config: str):
+    """`WIRE_PIPELINE_SEGMENT` as `config`'s `@S` suffix says (0 without one)
+    for the block: it is read when a step is traced."""
+    segment = int(config.partition("@")[2] or 0)
+    kmp.config.set("WIRE_PIPELINE_SEGMENT", segment)
+    try:
+        yield config.partition("@")[0]
+    finally:
+        kmp.config.set("WIRE_PIPELINE_SEGMENT", 0)
 
 
 def slowest(seconds: float) -> float:
@@ -236,17 +252,19 @@ def main():
     x, y = data(args.model, batch * (steps + 1), seed=rank)
     runners = {}
     for c in configs:
-        if c.startswith("comm_"):
-            runners[c] = CommOnly(args.model, c, calls=max(3, steps // 2))
-        else:
-            runners[c] = Training(args.model, c, x, y, steps + 1)
+        with pipeline_setting(c) as base:
+            if c.startswith("comm_"):
+                runners[c] = CommOnly(args.model, base, calls=max(3, steps // 2))
+            else:
+                runners[c] = Training(args.model, base, x, y, steps + 1)
     params = next((r.params for r in runners.values() if isinstance(r, Training)), None)
     raw = {c: [] for c in configs}
     inside = {c: [] for c in configs if not c.startswith("comm_") and c != "compute"}
     for r in range(args.rounds):
         order = configs if r % 2 == 0 else configs[::-1]  # A B C, C B A, ...
         for c in order:
-            seconds, ins = runners[c].measure()
+            with pipeline_setting(c):
+                seconds, ins = runners[c].measure()
             raw[c].append(seconds)
             if c in inside:
                 inside[c].append(ins)

@@ -1,4 +1,4 @@
-"""The 16-bit wire's two schedules, numerically: Alltoall against ring.
+"""The 16-bit wire's schedules, numerically: Alltoall, ring, pipelined.
 
     mpirun -np N python examples/benchmarks/wire_schedule_numerics.py \\
         --out docs/benchmarks/wire_schedule_numerics_N.json
@@ -9,8 +9,9 @@ a model differ): `c = 1` with noise 0.1 ("aligned": ranks' gradients agree,
 partial sums grow like N) and `c = 0` ("noise": independent gradients,
 partial sums grow like sqrt(N)). Each is summed by the numpy codec
 (`allreduce_flat`, bit for bit the train step's codec) with
-`WIRE_SCHEDULE=alltoall` and `=ring` (the ring forced for every row), in
-float16 and bfloat16; the error is ||got - truth|| / ||truth|| against a
+`WIRE_SCHEDULE=alltoall` and `=ring` (the ring forced for every row), and
+on the pipelined schedule (`alltoall@S`: `WIRE_PIPELINE_SEGMENT=S`, for
+each S of `--segments`), in float16 and bfloat16; the error is ||got - truth|| / ||truth|| against a
 float64 sum. Rank 0 prints and writes the JSON.
 """
 
@@ -27,8 +28,14 @@ from keras_mpfp16.runtime.mpi import collectives, ring
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--elements", type=int, default=1_000_000)
+    p.add_argument(
+        "--segments",
+        default="32000,262144",
+        help="WIRE_PIPELINE_SEGMENT values to run as schedules alltoall@S",
+    )
     p.add_argument("--out")
     args = p.parse_args()
+    pipelined = [f"alltoall@{s}" for s in args.segments.split(",") if s]
     runtime.init()
     n, r = runtime.size(), runtime.rank()
     ring.RING_MIN_BYTES = 0  # the ring for every row when asked for
@@ -41,12 +48,15 @@ def main() -> None:
         g = (c * common + sigma * noise).astype(np.float32)
         truth = runtime.allreduce(g.astype(np.float64), op="sum")
         for wire in ("float16", "bfloat16"):
-            for schedule in ("alltoall", "ring"):
-                config.set("WIRE_SCHEDULE", schedule)
+            for schedule in ("alltoall", "ring", *pipelined):
+                segment = int(schedule.partition("@")[2] or 0)
+                config.set("WIRE_SCHEDULE", schedule.partition("@")[0])
+                config.set("WIRE_PIPELINE_SEGMENT", segment)
                 got = collectives.allreduce_flat(g, op="sum", wire_dtype=wire)
                 err = float(np.linalg.norm(got - truth) / np.linalg.norm(truth))
                 results["rel_err"][f"{case} {wire} {schedule}"] = err
     config.set("WIRE_SCHEDULE", "alltoall")
+    config.set("WIRE_PIPELINE_SEGMENT", 0)
     if r == 0:
         for key, err in results["rel_err"].items():
             print(f"N={n} {key}: {err:.3e}")

@@ -59,7 +59,7 @@ from keras_mpfp16.backend.tf_steps import (
 )
 from keras_mpfp16.backend.tf_wire import decode_rows, encode_rows, owner_sum
 from keras_mpfp16.runtime import trace
-from keras_mpfp16.runtime.mpi import collectives, cuda, ring, wire, world
+from keras_mpfp16.runtime.mpi import collectives, cuda, pipeline, ring, wire, world
 
 _H = wire.HEADER_WORDS
 # 16-bit rows of at most this many values (per rank, per bucket) on the host
@@ -270,6 +270,43 @@ def _lowp(
     return _timed(reduce, label, length, wire_dtype, path)
 
 
+def _lowp_pipelined(
+    label: str, wire_dtype: str, slot_words: int, length: int, segments: int
+):
+    """py_function body: the 16-bit wire on the pipelined schedule
+    (`pipeline.reduce_segments`), through host memory. The owners' sums are
+    numpy's (`wire.owner_sum`, bit for bit the TensorFlow stage's) for
+    segments up to `HOST_NUMPY_MAX_ELEMENTS` values, the fused TensorFlow
+    stage above; the first segment's rows carry the step slots."""
+    n = world.size()
+    k = slot_words
+
+    def reduce(words, step):
+        name = f"{label}, train step {int(step)}"
+        host = words.numpy()  # no copy for a host tensor; a GPU one is staged
+        send = host.reshape(segments, n, host.shape[1])
+        width = host.shape[1] - k
+        gathered = aligned_words(segments * n, width)
+        outputs = []
+
+        def owner(recv, s):
+            if s == 0 and k:
+                table = wire.slots_from_words(recv[:, _H : _H + k])
+                check_step_table(table, label)
+                outputs.append(tf.constant(table, tf.int64))
+            if width - _H <= HOST_NUMPY_MAX_ELEMENTS:
+                return wire.owner_sum(recv, wire_dtype, k)
+            return owner_sum(tf.constant(recv), wire_dtype, k).numpy()
+
+        collectives.pipelined_reduce(
+            send, owner, gathered.reshape(segments, n, width), name
+        )
+        cuda.path_counts["host"] += 1
+        return [host_tensor(gathered), *outputs]
+
+    return _timed(reduce, label, length, wire_dtype, "host (pipelined)")
+
+
 # -- one bucket --------------------------------------------------------------------------
 
 
@@ -332,6 +369,21 @@ def _reduce_lowp(
     """16-bit wire: encode in the graph, move bytes, decode in the graph."""
     n = world.size()
     chunk = wire.chunk_length(length, n)
+    schedule = ring.reduce_scatter_schedule(n, (_H + chunk) * 2)
+    segments, seg = pipeline.plan(length, n)
+    if segments > 1 and schedule != "ring" and not device:
+        return _reduce_lowp_pipelined(
+            parts,
+            length,
+            first=first,
+            step=step,
+            counts=counts,
+            label=label,
+            wire_dtype=wire_dtype,
+            scale=scale,
+            segments=segments,
+            seg=seg,
+        )
     pieces = list(parts)
     if n * chunk > length:
         pieces.append(tf.zeros([n * chunk - length], tf.float32))
@@ -341,7 +393,6 @@ def _reduce_lowp(
         tf.reshape(flat, [n, chunk]), wire_dtype, flag=False, slots=slots
     )
     k = 0 if slots is None else int(slots.shape[0])
-    schedule = ring.reduce_scatter_schedule(n, (_H + chunk) * 2)
     outs = ordered(
         lambda: tf.py_function(
             _lowp(label, wire_dtype, k, device, length, schedule),
@@ -353,6 +404,38 @@ def _reduce_lowp(
     gathered.set_shape([n, _H + chunk])
     out, finite = decode_rows(gathered, wire_dtype, scale)
     return out, n * chunk - length, finite, (outs[1] if first else None)
+
+
+def _reduce_lowp_pipelined(
+    parts, length, *, first, step, counts, label, wire_dtype, scale, segments, seg
+):
+    """16-bit wire on the pipelined schedule (`runtime/mpi/pipeline.py`): the
+    bucket as `segments` x N rows of `seg` values, encoded in the graph (each
+    row with its own exponent), moved and summed segment by segment on the
+    host, decoded in the graph. The flat order is the rows' order, so the
+    decoded vector needs no reordering."""
+    n = world.size()
+    rows = segments * n
+    pieces = list(parts)
+    if rows * seg > length:
+        pieces.append(tf.zeros([rows * seg - length], tf.float32))
+    flat = _concat(pieces)
+    slots = encoded_slots(step, counts) if first else None
+    words = encode_rows(
+        tf.reshape(flat, [rows, seg]), wire_dtype, flag=False, slots=slots
+    )
+    k = 0 if slots is None else int(slots.shape[0])
+    outs = ordered(
+        lambda: tf.py_function(
+            _lowp_pipelined(label, wire_dtype, k, length, segments),
+            [words, step],
+            [tf.uint16, tf.int64] if first else [tf.uint16],
+        )
+    )
+    gathered = outs[0]
+    gathered.set_shape([rows, _H + seg])
+    out, finite = decode_rows(gathered, wire_dtype, scale)
+    return out, rows * seg - length, finite, (outs[1] if first else None)
 
 
 def _reduce_bucket(

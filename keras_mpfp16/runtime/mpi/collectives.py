@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from keras_mpfp16 import _validate
-from keras_mpfp16.runtime.mpi import cuda, observers, ring
+from keras_mpfp16.runtime.mpi import cuda, observers, pipeline, ring
 from keras_mpfp16.runtime.mpi import world as world_module
 from keras_mpfp16.runtime.mpi.wire import lowp_allreduce_sum, validate_wire_dtype
 from keras_mpfp16.runtime.mpi.world import world
@@ -202,6 +202,15 @@ def ring_reduce_scatter(own_row, add, empty_row, buffer, name: str):
     with observers.collective(name):
         return ring.reduce_scatter(
             world_module.channel("train"), own_row, add, empty_row, buffer
+        )
+
+
+def pipelined_reduce(send, owner_sum, gathered, name: str) -> None:
+    """The pipelined 16-bit reduction of one bucket (`pipeline.reduce_segments`:
+    the caller's codec sums each segment, this moves the segments)."""
+    with observers.collective(f"{name} (pipelined)"):
+        pipeline.reduce_segments(
+            world_module.channel("train"), send, owner_sum, gathered
         )
 
 
@@ -411,6 +420,7 @@ __all__ = [
     "allreduce_sum_into",
     "alltoall_into",
     "ring_reduce_scatter",
+    "pipelined_reduce",
     "broadcast",
     "digest_of",
     "same_on_all_ranks",

@@ -42,7 +42,7 @@ from __future__ import annotations
 import numpy as np
 
 from keras_mpfp16 import _validate
-from keras_mpfp16.runtime.mpi import ring
+from keras_mpfp16.runtime.mpi import pipeline, ring
 
 # Two codecs, one format. The numpy codec below and the TensorFlow one in
 # `backend/tf_wire.py` stay two implementations because they are written in
@@ -244,6 +244,12 @@ def lowp_allreduce_sum(comm, buf: np.ndarray, wire_dtype: str) -> np.ndarray:
     n = comm.Get_size()
     length = buf.shape[0]
     chunk = chunk_length(length, n)
+    segments, seg = pipeline.plan(length, n)
+    if (
+        segments > 1
+        and ring.reduce_scatter_schedule(n, (HEADER_WORDS + chunk) * 2) != "ring"
+    ):
+        return _pipelined_sum(comm, buf, wire_dtype, segments, seg)
     padded = np.zeros((n, chunk), dtype=np.float32)
     padded.reshape(-1)[:length] = buf
     send = encode_rows(padded, wire_dtype)
@@ -265,3 +271,20 @@ def lowp_allreduce_sum(comm, buf: np.ndarray, wire_dtype: str) -> np.ndarray:
     gathered = np.empty((n, mine.shape[1]), dtype=np.uint16)
     ring.allgather(comm, mine, gathered, mine.nbytes)
     return decode_rows(gathered, wire_dtype).reshape(-1)[:length]
+
+
+def _pipelined_sum(comm, buf, wire_dtype, segments: int, seg: int) -> np.ndarray:
+    """`lowp_allreduce_sum` on the pipelined schedule (`pipeline.py`): the
+    vector as `segments` x N rows of `seg` values, each row encoded on its
+    own, segment s's rows on the wire while segment s-1 is summed."""
+    n = comm.Get_size()
+    length = buf.shape[0]
+    padded = np.zeros((segments * n, seg), dtype=np.float32)
+    padded.reshape(-1)[:length] = buf
+    send = encode_rows(padded, wire_dtype).reshape(segments, n, -1)
+    gathered = np.empty((segments, n, HEADER_WORDS + seg), dtype=np.uint16)
+    pipeline.reduce_segments(
+        comm, send, lambda recv, s: owner_sum(recv, wire_dtype), gathered
+    )
+    rows = gathered.reshape(segments * n, -1)
+    return decode_rows(rows, wire_dtype).reshape(-1)[:length]
