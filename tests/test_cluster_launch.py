@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from mpi_launch import SCRIPTS, mpi_env
+from mpi_launch import SCRIPTS, mpi_env, mpi_kind
 
 # The emulated-cluster harness is a benchmark tool, not part of the package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "benchmarks"))
@@ -228,3 +229,107 @@ def test_cut_node_restarts_on_the_survivors_and_completes(cluster3, cut):
     assert first[-1][1] + 1 - backup_step <= run["save_freq"] + 2, detail
     assert run["timeline_s"]["first_step"] is not None, detail
     assert run["timeline_s"]["first_step"] <= 120, detail
+
+
+# -- the same under Hydra (MPICH, Intel MPI) -----------------------------------
+
+hydra_only = pytest.mark.skipif(
+    mpi_kind() != "hydra",
+    reason="Hydra's mpiexec is not the launcher here (.ci/run's mpich end runs "
+    "these with CI_HYDRA_FULL=1)",
+)
+
+
+@hydra_only
+@pytest.mark.parametrize("cut", [3, 1], ids=["node3", "rank0s-node1"])
+def test_hydra_cut_node_ends_plain_mpiexec_non_zero(cluster3, tmp_path, cut):
+    """No wrapper: Hydra's `mpiexec -launcher ssh` started outside the nodes,
+    node `cut`'s link cut mid-epoch (cluster_restart.py, default heartbeat
+    30 s). The survivors declare the lost rank and abort; `mpiexec` ends,
+    non-zero (never 0), within 90 s of the cut, and nothing is left running
+    on the surviving nodes. `UCX_TLS=tcp`: MPICH's UCX otherwise reaches the
+    other "nodes" through shared memory (they are one machine) and the cut
+    cuts nothing (seen: the job trained on through the cut)."""
+    run_dir = cluster3.shared_dir("hydra-plain")
+    cmd = cluster3.hydra_command(
+        [sys.executable, str(SCRIPTS / "cluster_restart.py"), str(run_dir)]
+    )
+    err_path = tmp_path / "stderr"
+    with open(err_path, "w") as err_file:
+        proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.DEVNULL,
+            stderr=err_file,
+            env=mpi_env(Cluster.hydra_env),
+            start_new_session=True,
+        )
+    ended = None
+    survivors = []
+    try:
+        deadline = time.monotonic() + 240
+        while not (run_dir / "reached").exists():
+            assert proc.poll() is None, f"job ended early ({proc.returncode})"
+            assert time.monotonic() < deadline, "training never reached epoch 2"
+            time.sleep(0.05)
+        cluster3.link(cut, up=False)
+        cut_at = time.monotonic()
+        try:
+            proc.wait(timeout=150)
+            ended = time.monotonic() - cut_at
+        except subprocess.TimeoutExpired:
+            pass
+        time.sleep(12)  # the ranks' launcher watchdog (10 s) has had its turn
+        survivors = [p for k in (1, 2, 3) if k != cut for p in cluster3.pids(k)]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        cluster3.link(cut, up=True)
+        cluster3.kill_all()
+    err = err_path.read_text(errors="replace")
+    assert ended is not None, (
+        f"mpiexec still running 150 s after the cut\n{err[-3000:]}"
+    )
+    print(f"mpiexec ended {ended:.1f}s after the cut, status {proc.returncode}")
+    assert proc.returncode != 0, err[-3000:]
+    assert "is unreachable" in err, err[-3000:]
+    assert survivors == [], survivors
+
+
+@hydra_only
+@pytest.mark.parametrize("cut", [3, 1], ids=["node3", "rank0s-node1"])
+def test_hydra_cut_node_restarts_on_the_survivors_and_completes(cluster3, cut):
+    """`python -m keras_mpfp16.runtime.launch --max-restarts 1 mpiexec
+    -launcher ssh -launcher-exec <agent> -hosts n1,n2,n3 -n 3 -ppn 1 ...`
+    outside the nodes, node `cut`'s link cut mid-epoch and left cut: the
+    verdict (passed with `-genv`) names the lost host, the wrapper drops it
+    from `-hosts` (after `-launcher-exec`'s path, which is not the program)
+    and lowers `-n`, and the survivors resume from the step-30 backup at 2
+    ranks and finish: exit 0, one set of final weights."""
+    run_dir = cluster3.shared_dir("hydra-restart")
+    launcher = cluster3.hydra_command(
+        [sys.executable, str(SCRIPTS / "cluster_restart.py"), str(run_dir)]
+    )
+    run = cluster_restart.run_once(
+        cluster3, run_dir, env=Cluster.hydra_env, cut_node=cut, launcher=launcher
+    )
+    detail = "\n".join(run["stderr_tail"][-30:]) + f"\ntimeline {run['timeline_s']}"
+    print("timeline (s after the cut):", run["timeline_s"])
+    assert run["status"] == 0, detail
+    assert run["sizes"] == [3, 2], detail
+    restart = [x for x in run["stderr_tail"] if "runtime.launch: restart" in x]
+    assert len(restart) == 1, detail
+    lost = f"kmpl{cut}"
+    assert restart[0].endswith(f"lost hosts: ['{lost}']; size: 2."), detail
+    second = run["steps"][1]
+    assert second[0][0] == 1 and second[-1] == (2, 59), detail
+    # Hydra forwards each rank's writes as they come: two ranks' lines may
+    # share one line of mpiexec's output.
+    records = [
+        json.loads(x)
+        for x in re.findall(
+            r'\{"rank": \d+, "n": \d+, "digest": "\w+"\}', "\n".join(run["stdout"])
+        )
+    ]
+    assert sorted(r["rank"] for r in records) == [0, 1], run["stdout"]
+    assert len({r["digest"] for r in records}) == 1, run["stdout"]

@@ -11,6 +11,7 @@ checked too."""
 from __future__ import annotations
 
 import re
+import shutil
 import sys
 
 import pytest
@@ -398,6 +399,26 @@ def test_hydra_host_lists_are_rewritten_too(tmp_path):
     # `-f`, `-n` after the program are the program's: nothing to rewrite.
     argv = ["mpiexec", "-n", "2", "python", "t.py", "-f", "n3"]
     assert drop(argv, ["n3"]) == (argv, 0)
+
+
+def test_an_executable_as_an_options_value_is_not_the_program():
+    """An ssh stand-in given to the launcher (Hydra's `-launcher-exec PATH`,
+    Open MPI's `--prtemca plm_ssh_agent PATH`) is an executable, but not
+    the program: the host list after it is still the launcher's. (Found on
+    the emulated cluster under Hydra: after node 3's loss the restart ran
+    on `-hosts n1,n2,n3` again, and its proxy on node 3 could not connect.)"""
+    drop = launch_wrapper.without_hosts
+    agent = shutil.which("sh")
+    program = ["python", "t.py"]
+    argv = ["mpiexec", "-launcher", "ssh", "-launcher-exec", agent]
+    out, dropped = drop([*argv, "-hosts", "n1,n2,n3", "-n", "3", *program], ["n3"])
+    assert out == [*argv, "-hosts", "n1,n2", "-n", "2", *program]
+    assert dropped == 1
+    argv = ["mpirun", "--prtemca", "plm_ssh_agent", agent, "--mca", "btl", "tcp,self"]
+    out, dropped = drop([*argv, "-np", "3", "--host", "n1,n2,n3", *program], ["n1"])
+    assert out == [*argv, "-np", "2", "--host", "n2,n3", *program]
+    out, _ = drop(["mpiexec", "-genv", "A", agent, "-hosts", "n1,n2", *program], ["n2"])
+    assert out == ["mpiexec", "-genv", "A", agent, "-hosts", "n1", *program]
 
 
 @pytest.mark.mpi

@@ -306,6 +306,48 @@ class Cluster:
             *argv,
         ]
 
+    def hydra_command(
+        self,
+        argv: list[str],
+        ranks_per_node: int = 1,
+        mpiexec: str | None = None,
+        nodes: int | None = None,
+    ) -> list[str]:
+        """A full Hydra `mpiexec` (MPICH, Intel MPI) command running `argv`
+        with `ranks_per_node` per node on the first `nodes` nodes (default
+        all): `-launcher ssh -launcher-exec <agent>` (the agent skips the
+        `-x` Hydra's ssh launcher puts first), `-localhost` the bridge's
+        address (the proxies in the nodes connect back to `mpiexec` there;
+        this machine's own hostname is not reachable from them).
+
+        MPICH's UCX reaches ranks on other "nodes" through shared memory
+        when left to itself (every node is this machine), so a cut link
+        cuts nothing: run with `UCX_TLS=tcp` in the environment (`hydra_env`)."""
+        if mpiexec is None:
+            local = Path(sys.executable).parent / "mpiexec"
+            mpiexec = str(local) if local.exists() else (shutil.which("mpiexec") or "")
+            if not mpiexec:
+                raise RuntimeError("mpiexec not found (install the mpich wheel).")
+        count = self.nodes if nodes is None else nodes
+        return [
+            mpiexec,
+            "-launcher",
+            "ssh",
+            "-launcher-exec",
+            str(self.agent),
+            "-localhost",
+            f"{self.subnet}.254",
+            "-hosts",
+            ",".join(self.node(k) for k in range(1, count + 1)),
+            "-n",
+            str(count * ranks_per_node),
+            "-ppn",
+            str(ranks_per_node),
+            *argv,
+        ]
+
+    hydra_env = {"UCX_TLS": "tcp"}
+
     # -- life cycle -----------------------------------------------------------
 
     def _burst(self, rate: str) -> str:
@@ -361,7 +403,9 @@ class Cluster:
 # ssh stand-in written by examples/benchmarks/cluster.py: mpirun calls it as
 # "agent HOST command..."; it runs the command in HOST's network namespace,
 # with HOST as hostname, pinned to HOST's core (and with a /tmp of its own
-# when the cluster has private_tmp).
+# when the cluster has private_tmp). Hydra's ssh launcher (MPICH, Intel MPI:
+# mpiexec -launcher ssh -launcher-exec AGENT) puts ssh's -x first.
+[ "$1" = -x ] && shift
 host=$1; shift
 case "$host" in
 {cases}

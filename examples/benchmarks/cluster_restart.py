@@ -84,14 +84,19 @@ def run_once(
     env: dict | None = None,
     timeout: float = 420,
     cut_node: int = CUT,
+    launcher: list[str] | None = None,
 ) -> dict:
     """One run: launch under the wrapper with `--max-restarts 1` (from this
     machine: the "login node", outside the nodes), cut node `cut_node` (1: rank
     0's) when the script says so, wait for the wrapper to end. `run_dir`
     must be seen by every node (`cluster.shared_dir()` when the nodes have
-    their own /tmp). Returns the wrapper's status, output, the launches'
-    events and the timeline."""
-    mpirun = cluster.mpirun_command([sys.executable, str(SCRIPT), str(run_dir)])
+    their own /tmp). `launcher`: another launcher command running the script
+    (default Open MPI's `cluster.mpirun_command`; e.g. `cluster.hydra_command`).
+    Returns the wrapper's status, output, the launches' events and the
+    timeline."""
+    mpirun = launcher or cluster.mpirun_command(
+        [sys.executable, str(SCRIPT), str(run_dir)]
+    )
     cmd = [sys.executable, "-m", WRAPPER, "--max-restarts", "1", *mpirun]
     proc = subprocess.Popen(
         cmd,

@@ -270,13 +270,62 @@ _NP_FLAGS = ("-np", "-n", "--np", "-c")
 _PPN_FLAGS = ("-ppn", "-perhost")  # Hydra: ranks per host
 
 
+# Launcher options whose values may be an executable (an ssh stand-in, a
+# launch agent) or anything else that is not the program: their values are
+# skipped when looking for where the options end. One value: Hydra's
+# `-launcher ssh`, `-launcher-exec`/`-bootstrap-exec PATH` and others,
+# Open MPI's `--launch-agent PATH`.
+# Two: `--mca`/`--prtemca NAME VALUE` (`--prtemca plm_ssh_agent PATH`),
+# Hydra's `-genv`/`-env NAME VALUE`.
+_ONE_VALUE = (
+    *_NP_FLAGS,
+    *_PPN_FLAGS,
+    "-launcher",  # `-launcher ssh`: ssh is on PATH
+    "-bootstrap",
+    "-launcher-exec",
+    "-bootstrap-exec",
+    "-rmk",
+    "-iface",
+    "-localhost",
+    "-demux",
+    "-wdir",
+    "--launch-agent",
+    "-launch-agent",
+)
+_TWO_VALUES = (
+    "--mca",
+    "-mca",
+    "--gmca",
+    "-gmca",
+    "--prtemca",
+    "-prtemca",
+    "--pmixmca",
+    "-pmixmca",
+    "-genv",
+    "-env",
+)
+
+
 def _options_end(argv: list[str]) -> int:
     """Where the launcher's options end: the program (`python`, a path, an
     executable on PATH) after them; the program's own arguments (`-f
-    config.yaml`, `-n 5`) are never read as the launcher's."""
+    config.yaml`, `-n 5`) are never read as the launcher's, and the values
+    of options that take a path or two words (`-launcher-exec
+    /path/agent`, `--prtemca plm_ssh_agent /path/agent`) are not the
+    program."""
+    skip = 0
     for i in range(1, len(argv)):
         arg = argv[i]
-        if arg.startswith("-") or argv[i - 1] in (*_NP_FLAGS, *_PPN_FLAGS):
+        if skip:
+            skip -= 1
+            continue
+        if arg in _ONE_VALUE:
+            skip = 1
+            continue
+        if arg in _TWO_VALUES:
+            skip = 2
+            continue
+        if arg.startswith("-"):
             continue
         if "python" in os.path.basename(arg) or shutil.which(arg):
             return i

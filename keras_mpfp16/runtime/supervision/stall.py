@@ -554,6 +554,14 @@ class Inspector:
             # Let this node's launcher daemon forward the verdict before
             # MPI_Abort makes it end the job.
             time.sleep(_VERDICT_FLUSH)
+        else:
+            # Another rank speaks (rank 0 lost): give it time to write and
+            # forward its verdict before this rank's MPI_Abort ends the job.
+            # The ranks decide within a beat and a poll of each other;
+            # Hydra's mpiexec kills every rank at once on an MPI_Abort, and
+            # a non-speaker that aborted first left no verdict (seen on the
+            # emulated cluster, rank 0's node cut: no restart).
+            time.sleep(self._agree + _VERDICT_FLUSH)
         # ... and end a plain mpirun waiting for the lost node's daemon.
         launcher_daemon.end_later(env.get("END_LAUNCHER_AFTER"), self.where(self.rank))
         abort_job(NODE_LOST_EXIT_CODE)
