@@ -9,10 +9,15 @@ background, a rank 0 killed in the middle of one, and the resume.
 - MODE `killed`: the same script, but on rank 0 the background write of the
   backup due at epoch 2 (index 1), step 10 blocks after the weights file is
   written (a stand-in for a slow disk: the write is in progress, nothing
-  renamed yet). Training goes on meanwhile; from step 13 on, at the first
-  step end that finds that write in flight, rank 0 SIGKILLs itself,
-  mid-write. Before that it prints a JSON line: the steps
-  run while the write was in flight.
+  renamed yet). Up to that backup, rank 0 starts each step a backup falls
+  due at only once the previous backup's write thread has ended, so every
+  due backup is taken at its own step, whatever the load (no deferral:
+  the backups are at steps 5, 10, 15, 20 of epoch 1 and 5, 10 of epoch 2).
+  Training goes on while the blocked write is in flight; at the end of
+  step 13 rank 0 waits until the writer has reached the block (the weights
+  file written, nothing renamed: the library's own event, no clock), prints
+  a JSON line (the steps run after the blocked backup was taken) and
+  SIGKILLs itself, mid-write.
 - MODE `resume`: the same script run normally again (resumes from the
   backup the kill left).
 - MODE `sigkill`: the last rank, on the first launch only (no
@@ -63,6 +68,7 @@ rank, n = kmp.rank(), kmp.size()
 EPOCHS, BATCH, STEPS, FREQ = 3, 4, 20, 5
 BLOCKED = (1, 9)  # the backup due at the end of this (epoch, batch) blocks
 KILL_AT = (1, 12)
+WRITER = "keras_mpfp16-backup-write"  # the library's backup-write thread
 PREEMPT_AT = (2, 7)  # `slurm` mode, launch 2
 launch = 0
 if mode == "slurm":
@@ -118,12 +124,20 @@ if mode == "killed" and rank == 0:
 
     def slow_write(copy, path):
         real_write(copy, path)
-        # The first backup taken at or after BLOCKED (under load a due
-        # backup may be taken a few steps late: one write at a time).
+        # The backup taken at BLOCKED (or, were one deferred after all, the
+        # first one after it: the test checks which).
         if not Steps.blocked_at and taken_at.get(id(copy), (0, 0)) >= BLOCKED:
             Steps.blocked_at = list(taken_at[id(copy)])
             in_write.set()
             threading.Event().wait(600)  # "the disk": never finishes
+
+    def join_backup_writes():
+        """Returns when no backup write thread runs (its write swapped in)."""
+        for thread in threading.enumerate():
+            if thread.name == WRITER and thread is not threading.current_thread():
+                thread.join(300)
+                if thread.is_alive():
+                    raise RuntimeError("a backup write did not end in 300 s")
 
     keras_internals.snapshot_weights = snapshot
     keras_internals.write_weights_snapshot = slow_write
@@ -150,6 +164,16 @@ class Steps(keras.callbacks.Callback):
                 }
                 print(json.dumps(start), flush=True)
         Steps.at = (Steps.epochs[-1], batch)
+        if (
+            mode == "killed"
+            and rank == 0
+            and Steps.at <= BLOCKED
+            and (batch + 1) % FREQ == 0
+        ):
+            # A backup falls due at this step's end: let the previous write
+            # end first, so it is taken here and not deferred (one write at
+            # a time). Rank 1 waits in the step's collective meanwhile.
+            join_backup_writes()
 
     def on_train_batch_end(self, batch, logs=None):
         if mode == "sigkill":
@@ -163,19 +187,14 @@ class Steps(keras.callbacks.Callback):
             self.model.save_weights(ref)
         if mode != "killed" or rank != 0:
             return
-        if in_write.is_set():
+        if Steps.at > BLOCKED:  # after the blocked backup was taken
             Steps.during_write.append(batch)
-        # From KILL_AT on, SIGKILL at the first step end that finds the
-        # blocked write in flight. Under load the due backup can be taken a
-        # few steps late (one write at a time), so do not wait at KILL_AT
-        # itself: the snapshot is taken at a step end, which waiting here
-        # would hold back. Only the epoch's last step waits (its end-of-epoch
-        # backup would wait for the blocked write forever).
         if Steps.at >= KILL_AT:
-            last = Steps.at[1] >= STEPS - 1
-            if not in_write.is_set() and not last:
-                return
-            if not in_write.wait(60):
+            # The blocked backup was taken at BLOCKED's end (its step began
+            # after the previous write ended); its write thread runs apart
+            # from the steps, so waiting here holds nothing back. Wait until
+            # it has reached the block: mid-write, weights file on disk.
+            if not in_write.wait(300):
                 raise RuntimeError("the blocked backup write never started")
             print(
                 json.dumps(
