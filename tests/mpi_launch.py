@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -142,11 +143,139 @@ class MPIResult:
                 raise ValueError(f"a line of JSON records with more: {line!r}")
         return sorted(out, key=lambda r: r.get("rank", 0))
 
+    def ok(self, ranks: int | None = None) -> list[dict]:
+        """The records of a job that succeeded: fails the test, with the
+        job's output, unless it exited 0 and (where `ranks` is given)
+        printed exactly `ranks` records."""
+        assert self.returncode == 0, self.describe()
+        recs = self.records()
+        if ranks is not None:
+            assert len(recs) == ranks, self.describe()
+        return recs
+
     def describe(self) -> str:
         return (
             f"exit code {self.returncode} after {self.seconds:.1f}s\n"
             f"--- stdout ---\n{self.stdout[-6000:]}\n--- stderr ---\n{self.stderr[-6000:]}"
         )
+
+
+def start_job(
+    cmd: list[str],
+    env: dict | None = None,
+    *,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+) -> subprocess.Popen:
+    """Starts `cmd` (a launcher: mpirun, srun, sbatch, the launch wrapper) in
+    a session of its own, so that `kill_job` ends its whole process group,
+    with `mpi_env(env)`. Output is piped (text) unless files are given."""
+    return subprocess.Popen(
+        cmd,
+        stdout=stdout,
+        stderr=stderr,
+        text=True,
+        env=mpi_env(env),
+        start_new_session=True,
+    )
+
+
+def kill_job(proc: subprocess.Popen) -> tuple[str, str]:
+    """SIGKILLs the job's whole process group (launcher and ranks) and reaps
+    it; returns what it had written to its pipes ("" where not piped)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:  # the group has ended already
+        pass
+    out, err = proc.communicate()
+    return out or "", err or ""
+
+
+def finish_job(
+    proc: subprocess.Popen,
+    cmd: list[str],
+    timeout: float,
+    start: float,
+    *,
+    what: str = "mpirun job",
+    on_timeout=None,
+) -> MPIResult:
+    """Waits for the job started at `start` (time.monotonic()) until `timeout`
+    seconds after it (10 s at least); one still running then is killed with
+    its whole process group (`on_timeout()` first, e.g. a scancel) and the
+    test fails, so a hang cannot freeze CI."""
+    try:
+        out, err = proc.communicate(
+            timeout=max(10, timeout - (time.monotonic() - start))
+        )
+    except subprocess.TimeoutExpired:
+        if on_timeout is not None:
+            on_timeout()
+        out, err = kill_job(proc)
+        raise AssertionError(
+            f"{what} timed out after {timeout}s (hang?): {' '.join(cmd)}\n"
+            f"--- stdout ---\n{out[-4000:]}\n--- stderr ---\n{err[-4000:]}"
+        ) from None
+    return MPIResult(proc.returncode, out, err, time.monotonic() - start)
+
+
+def run_job(
+    cmd: list[str],
+    *,
+    timeout: float,
+    env: dict | None = None,
+    what: str = "mpirun job",
+    on_timeout=None,
+) -> MPIResult:
+    """Runs a launcher command line to its end under `timeout` (see
+    `start_job` and `finish_job`)."""
+    start = time.monotonic()
+    proc = start_job(cmd, env)
+    return finish_job(proc, cmd, timeout, start, what=what, on_timeout=on_timeout)
+
+
+def wait_for_files(proc: subprocess.Popen, paths, timeout: float, start: float) -> bool:
+    """Polls until every one of `paths` exists (markers the ranks write):
+    True; False if the job ends first or `timeout` seconds after `start`
+    (time.monotonic()) pass."""
+    paths = list(paths)
+    while not all(Path(p).exists() for p in paths):
+        if proc.poll() is not None or time.monotonic() - start > timeout:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def await_files(proc: subprocess.Popen, paths, timeout: float, what: str) -> None:
+    """`wait_for_files` from now, failing the test where the markers do not
+    all come: "job ended early (STATUS)", or `what` never happened."""
+    if not wait_for_files(proc, paths, timeout, time.monotonic()):
+        assert proc.poll() is None, f"job ended early ({proc.returncode})"
+        raise AssertionError(f"{what} (no {', '.join(map(str, paths))} in {timeout}s)")
+
+
+def mpi_job_command(np_: int, script: str, *args: str, mpi_args=()) -> list[str]:
+    """`mpirun -np N python tests/mpi_scripts/SCRIPT ARGS` as a list."""
+    return [
+        *launch_command(np_, *mpi_args),
+        sys.executable,
+        str(SCRIPTS / script),
+        *args,
+    ]
+
+
+def wrapped_job_command(
+    np_: int, script: str, *args: str, wrapper_args: tuple[str, ...] = ()
+) -> list[str]:
+    """`mpi_job_command` under the launch wrapper: `python -m
+    keras_mpfp16.runtime.launch [WRAPPER_ARGS] mpirun -np N python SCRIPT ARGS`."""
+    return [
+        sys.executable,
+        "-m",
+        "keras_mpfp16.runtime.launch",
+        *wrapper_args,
+        *mpi_job_command(np_, script, *args),
+    ]
 
 
 def run_mpi(
@@ -162,30 +291,16 @@ def run_mpi(
     A job still running after `timeout` seconds is killed with its whole
     process group and the test fails, so a hang cannot freeze CI.
     """
-    import time
+    cmd = mpi_job_command(np_, script, *args, mpi_args=mpi_args)
+    return run_job(cmd, timeout=timeout, env=env)
 
-    cmd = [
-        *launch_command(np_, *mpi_args),
-        sys.executable,
-        str(SCRIPTS / script),
-        *args,
-    ]
-    start = time.monotonic()
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=mpi_env(env),
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        raise AssertionError(
-            f"mpirun job timed out after {timeout}s (hang?): {' '.join(cmd)}\n"
-            f"--- stdout ---\n{out[-4000:]}\n--- stderr ---\n{err[-4000:]}"
-        ) from None
-    return MPIResult(proc.returncode, out, err, time.monotonic() - start)
+
+def ok(result: MPIResult, ranks: int | None = None) -> list[dict]:
+    """`result.ok(ranks)`: the records of a job that succeeded."""
+    return result.ok(ranks)
+
+
+def rel(a, b) -> float:
+    """|a - b| relative to |b| (1e-12 at least): for comparing a job's figure
+    with a reference's."""
+    return abs(float(a) - float(b)) / max(abs(float(b)), 1e-12)

@@ -1,14 +1,9 @@
 """Real multi-process runs: `mpirun -np 2` and `-np 3`, each under a timeout."""
 
 import pytest
-from mpi_launch import run_mpi
+from mpi_launch import ok, run_mpi
 
 pytestmark = pytest.mark.mpi
-
-
-def ok(result):
-    assert result.returncode == 0, result.describe()
-    return result.records()
 
 
 @pytest.mark.parametrize("np_", [2, 3])

@@ -8,14 +8,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from mpi_launch import MPIResult, run_mpi
+from mpi_launch import ok, run_job, run_mpi, wrapped_job_command
 
 pytestmark = pytest.mark.mpi
-
-
-def ok(result: MPIResult) -> list[dict]:
-    assert result.returncode == 0, result.describe()
-    return result.records()
 
 
 def test_step_backups_are_whole_and_a_kill_mid_write_resumes_exactly(tmp_path):
@@ -84,49 +79,31 @@ def test_sigkilled_rank_restarts_at_the_same_size_and_ends_identically(tmp_path)
     the wrapper logs one restart and runs the job again at the same size;
     it resumes at epoch 2 step 10 and ends with the uninterrupted np=3
     run's weights, optimizer state and history, bit for bit; exit 0."""
-    import subprocess
-    import sys
-
-    from mpi_launch import SCRIPTS, mpi_env, mpirun_path
-
     (tmp_path / "full").mkdir()
     full = ok(run_mpi(3, "step_backup.py", str(tmp_path / "full"), "full", timeout=400))
     want = full[0]
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    cmd = [
-        sys.executable,
-        "-m",
-        "keras_mpfp16.runtime.launch",
-        "--max-restarts",
-        "1",
-        mpirun_path(),
-        "-np",
-        "3",
-        "--oversubscribe",
-        "--bind-to",
-        "none",
-        sys.executable,
-        str(SCRIPTS / "step_backup.py"),
+    cmd = wrapped_job_command(
+        3,
+        "step_backup.py",
         str(run_dir),
         "sigkill",
-    ]
-    proc = subprocess.run(
-        cmd, capture_output=True, text=True, env=mpi_env({}), timeout=700
+        wrapper_args=("--max-restarts", "1"),
     )
-    result = MPIResult(proc.returncode, proc.stdout, proc.stderr, 0.0)
-    assert proc.returncode == 0, result.describe()
+    result = run_job(cmd, timeout=700)
+    assert result.returncode == 0, result.describe()
     assert (run_dir / "killed").exists()
     restarts = [
         line
-        for line in proc.stderr.splitlines()
+        for line in result.stderr.splitlines()
         if "keras_mpfp16.runtime.launch: restart" in line
     ]
     assert len(restarts) == 1, result.describe()
     assert "restart 1 of 1" in restarts[0] and "size: 3" in restarts[0], restarts
     assert "killed by a signal" in restarts[0], restarts
     # The user's own BackupAndRestore is named as such, not as a preemption's.
-    resumed = [ln for ln in proc.stderr.splitlines() if "RESUMING" in ln]
+    resumed = [ln for ln in result.stderr.splitlines() if "RESUMING" in ln]
     assert len(resumed) == 1, result.describe()
     assert "RESUMING from the backup in" in resumed[0], resumed
     recs = result.records()

@@ -13,20 +13,11 @@ tests/mpi_scripts/text_classifier.py, issue 38).
 import os
 
 import pytest
-from mpi_launch import run_mpi
+from mpi_launch import ok, rel, run_mpi
 
 pytestmark = pytest.mark.mpi
 
 RTOL = 1e-6
-
-
-def ok(result):
-    assert result.returncode == 0, result.describe()
-    return result.records()
-
-
-def rel(a, b):
-    return abs(float(a) - float(b)) / max(abs(float(b)), 1e-12)
 
 
 @pytest.mark.parametrize("np_", [2, 3])

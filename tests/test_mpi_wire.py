@@ -8,17 +8,12 @@ allgather equal the dense reduction.
 """
 
 import pytest
-from mpi_launch import run_mpi
+from mpi_launch import ok, run_mpi
 
 pytestmark = pytest.mark.mpi
 
 WIRES = ("float32", "float16", "bfloat16")
 TOL = {"float32": 1e-6, "float16": 2e-3, "bfloat16": 1e-2}
-
-
-def ok(result):
-    assert result.returncode == 0, result.describe()
-    return result.records()
 
 
 def same_everywhere(recs, keys):
