@@ -46,7 +46,6 @@ Prints one JSON line per rank after `fit`: the epochs run, the first step,
 the history, a digest of every model and optimizer variable.
 """
 
-import hashlib
 import json
 import os
 import signal
@@ -59,6 +58,15 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+from _common import (  # noqa: E402
+    backup_position,
+    binary_data,
+    dense_bn_model,
+    emit,
+    fit_in_order,
+    h5_datasets,
+    run_record,
+)
 
 import keras_mpfp16 as kmp  # noqa: E402
 from keras_mpfp16.internals import keras as keras_internals  # noqa: E402
@@ -77,37 +85,11 @@ if mode == "slurm":
         launch = 3
 
 rng = np.random.default_rng(11)
-x = rng.normal(size=(BATCH * STEPS * n, 6)).astype("float32")
-y = (x[:, 0] - x[:, 3] > 0).astype("float32")
+x, y = binary_data(rng, BATCH * STEPS * n)
 
 
-def build(seed):
-    keras.utils.set_random_seed(seed)
-    model = keras.Sequential(
-        [
-            keras.Input((6,)),
-            keras.layers.Dense(8),
-            keras.layers.BatchNormalization(),
-            keras.layers.Activation("relu"),
-            keras.layers.Dense(1, activation="sigmoid"),
-        ]
-    )
-    model.compile(
-        optimizer=kmp.DistributedOptimizer(keras.optimizers.Adam(0.01)),
-        loss="binary_crossentropy",
-        metrics=["accuracy"],
-    )
-    return model
-
-
-def digest(model):
-    h = hashlib.sha256()
-    for v in list(model.variables) + list(model.optimizer.variables):
-        h.update(np.ascontiguousarray(np.asarray(v)).tobytes())
-    return h.hexdigest()[:16]
-
-
-model = build(100 + rank)  # ranks seeded differently: rank 0's model wins
+# Ranks seeded differently: rank 0's model wins.
+model = dense_bn_model(100 + rank, keras.optimizers.Adam(0.01))
 if mode == "full" and rank == 0:
     os.makedirs(os.path.join(out_dir, "ref"), exist_ok=True)
 in_write = threading.Event()
@@ -157,12 +139,9 @@ class Steps(keras.callbacks.Callback):
         if Steps.first_step is None:
             Steps.first_step = batch
             if mode == "slurm":
-                start = {
-                    "rank": rank,
-                    "launch": launch,
-                    "start": [Steps.epochs[-1], batch],
-                }
-                print(json.dumps(start), flush=True)
+                emit(
+                    {"rank": rank, "launch": launch, "start": [Steps.epochs[-1], batch]}
+                )
         Steps.at = (Steps.epochs[-1], batch)
         if (
             mode == "killed"
@@ -196,16 +175,13 @@ class Steps(keras.callbacks.Callback):
             # it has reached the block: mid-write, weights file on disk.
             if not in_write.wait(300):
                 raise RuntimeError("the blocked backup write never started")
-            print(
-                json.dumps(
-                    {
-                        "rank": 0,
-                        "killing": True,
-                        "steps": Steps.during_write,
-                        "blocked_at": Steps.blocked_at,
-                    }
-                ),
-                flush=True,
+            emit(
+                {
+                    "rank": 0,
+                    "killing": True,
+                    "steps": Steps.during_write,
+                    "blocked_at": Steps.blocked_at,
+                }
             )
             os.kill(os.getpid(), signal.SIGKILL)
 
@@ -254,12 +230,7 @@ class Steps(keras.callbacks.Callback):
 def backup_on_disk(at_least):
     """Whether rank 0's newest backup on disk is at (epoch, steps done)
     `at_least` or later."""
-    try:
-        with open(os.path.join(backup_dir, "training_metadata.json")) as f:
-            done = json.load(f)["keras_mpfp16"]
-        return (done["epoch"], done["steps_done"]) >= at_least
-    except (OSError, ValueError, KeyError):
-        return False
+    return backup_position(backup_dir) >= at_least
 
 
 backup_dir = os.path.join(out_dir, "backup")
@@ -270,47 +241,20 @@ callbacks = [
     ),
 ]
 try:
-    hist = model.fit(
-        *kmp.shard(x, y),
-        batch_size=BATCH,
-        epochs=EPOCHS,
-        shuffle=False,
-        verbose=0,
-        callbacks=callbacks,
+    hist = fit_in_order(
+        model, *kmp.shard(x, y), batch_size=BATCH, epochs=EPOCHS, callbacks=callbacks
     )
 except kmp.Preempted as exc:
-    stop = {"rank": rank, "launch": launch, "preempted": [exc.epoch, exc.steps_done]}
-    print(json.dumps(stop), flush=True)
+    emit({"rank": rank, "launch": launch, "preempted": [exc.epoch, exc.steps_done]})
     raise
-record = {
-    "rank": rank,
-    "epochs_run": Steps.epochs,
-    "first_step": Steps.first_step,
-    "history": hist.history,
-    "digest": digest(model),
-    "iterations": int(model.optimizer.iterations.numpy()),
-}
+record = run_record(model, hist, Steps.epochs, first_step=Steps.first_step)
 if mode == "full" and rank == 0:
-    import h5py
-
     with open(os.path.join(backup_dir, "training_metadata.json")) as f:
         at = json.load(f)["keras_mpfp16"]
     final = os.path.join(out_dir, "ref", f"{at['epoch']}-{at['steps_done']}.weights.h5")
 
-    def datasets(path):
-        found = {}
-        with h5py.File(path, "r") as f:
-            f.visititems(
-                lambda name, obj: (
-                    found.__setitem__(name, np.array(obj))
-                    if isinstance(obj, h5py.Dataset)
-                    else None
-                )
-            )
-        return found
-
-    got = datasets(os.path.join(backup_dir, "latest.weights.h5"))
-    want = datasets(final)
+    got = h5_datasets(os.path.join(backup_dir, "latest.weights.h5"))
+    want = h5_datasets(final)
     with open(os.path.join(backup_dir, "training_metadata.json")) as f:
         record["backup"] = {
             "datasets": len(want),
@@ -319,4 +263,4 @@ if mode == "full" and rank == 0:
             "metadata": json.load(f),
             "files": sorted(os.listdir(out_dir)),
         }
-print(json.dumps(record), flush=True)
+emit(record)
