@@ -304,3 +304,113 @@ def rel(a, b) -> float:
     """|a - b| relative to |b| (1e-12 at least): for comparing a job's figure
     with a reference's."""
     return abs(float(a) - float(b)) / max(abs(float(b)), 1e-12)
+
+
+# -- several checks per job ------------------------------------------------------
+# A test file's checks that each need a job of the same size can share one:
+# tests/mpi_scripts/scenarios.py runs their scripts one after another in one
+# `mpirun`, each scenario's output and error in files of its own, so a
+# failing scenario fails only its own test, with its own traceback.
+
+
+@dataclass
+class SharedJob:
+    """One `scenarios.py` job's outcome, read per scenario."""
+
+    result: MPIResult  # the whole job's (returncode -9 where it timed out)
+    out_dir: Path
+    np_: int
+    names: tuple[str, ...]
+
+    def records(self, name: str) -> list[dict]:
+        """The scenario's JSON records, one list over the ranks (sorted by
+        rank); fails the test with the scenario's traceback where it raised
+        on any rank, or with the job's output where it never ended."""
+        assert name in self.names, (name, self.names)
+        errors = [
+            f"--- rank {r} ---\n{path.read_text()}"
+            for r in range(self.np_)
+            if (path := self.out_dir / f"{name}.{r}.error").exists()
+        ]
+        if errors:
+            raise AssertionError(
+                f"scenario {name!r} raised (job {self.result.returncode}):\n"
+                + "\n".join(errors)
+            )
+        missing = [
+            r
+            for r in range(self.np_)
+            if not (self.out_dir / f"{name}.{r}.done").exists()
+        ]
+        assert not missing, (
+            f"scenario {name!r} never ended on ranks {missing}: "
+            + self.result.describe()
+        )
+        # Every scenario ended cleanly, so the job must have too.
+        assert self.result.returncode == 0, self.result.describe()
+        text = "".join(
+            (self.out_dir / f"{name}.{r}.out").read_text() for r in range(self.np_)
+        )
+        return MPIResult(0, text, "", 0.0).records()
+
+
+def run_scenarios(
+    np_: int,
+    scenarios: dict[str, tuple[str, ...]],
+    out_dir: Path,
+    timeout: float,
+    env: dict | None = None,
+) -> SharedJob:
+    """Runs `scenarios` ({name: (script, *args)}) one after another in one
+    `mpirun -np N` job (tests/mpi_scripts/scenarios.py) under `timeout`;
+    a job still running then is killed (the scenarios not done fail)."""
+    spec = [
+        {"name": name, "script": script, "args": list(args)}
+        for name, (script, *args) in scenarios.items()
+    ]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cmd = mpi_job_command(np_, "scenarios.py", str(out_dir), json.dumps(spec))
+    start = time.monotonic()
+    proc = start_job(cmd, env)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        code = proc.returncode
+    except subprocess.TimeoutExpired:
+        out, err = kill_job(proc)
+        err += f"\n[the shared job timed out after {timeout}s and was killed]"
+        code = -9
+    result = MPIResult(code, out, err, time.monotonic() - start)
+    return SharedJob(result, out_dir, np_, tuple(scenarios))
+
+
+class SharedJobs:
+    """A test module's shared jobs, one per size, each started when a test
+    first asks for it, with only the scenarios of the tests this run
+    selected (`pytest -k`, `-m quick` and node ids keep their cost).
+
+    `scenario_of(item)` gives the (np, name, (script, *args)) a collected
+    test reads, or None for a test that reads none; `get(np_)` returns the
+    `SharedJob` of that size."""
+
+    def __init__(self, session, module_path, scenario_of, out_dir, timeout, env=None):
+        self.wanted: dict[int, dict[str, tuple[str, ...]]] = {}
+        for item in session.items:
+            if Path(str(item.path)) != Path(module_path):
+                continue
+            found = scenario_of(item)
+            if found:
+                np_, name, command = found
+                self.wanted.setdefault(np_, {})[name] = tuple(command)
+        self.out_dir, self.timeout, self.env = Path(out_dir), timeout, env
+        self.jobs: dict[int, SharedJob] = {}
+
+    def get(self, np_: int) -> SharedJob:
+        if np_ not in self.jobs:
+            self.jobs[np_] = run_scenarios(
+                np_,
+                self.wanted[np_],
+                self.out_dir / f"np{np_}",
+                self.timeout,
+                self.env,
+            )
+        return self.jobs[np_]
