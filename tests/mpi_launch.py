@@ -322,6 +322,10 @@ class SharedJob:
     np_: int
     names: tuple[str, ...]
 
+    def dir(self, name: str) -> Path:
+        """The scenario's own directory (`{dir}` in its arguments)."""
+        return self.out_dir / name
+
     def records(self, name: str) -> list[dict]:
         """The scenario's JSON records, one list over the ranks (sorted by
         rank); fails the test with the scenario's traceback where it raised
@@ -363,12 +367,13 @@ def run_scenarios(
 ) -> SharedJob:
     """Runs `scenarios` ({name: (script, *args)}) one after another in one
     `mpirun -np N` job (tests/mpi_scripts/scenarios.py) under `timeout`;
-    a job still running then is killed (the scenarios not done fail)."""
-    spec = [
-        {"name": name, "script": script, "args": list(args)}
-        for name, (script, *args) in scenarios.items()
-    ]
-    out_dir.mkdir(parents=True, exist_ok=True)
+    a job still running then is killed (the scenarios not done fail).
+    `{dir}` in an argument is the scenario's own directory (made here)."""
+    spec = []
+    for name, (script, *args) in scenarios.items():
+        (out_dir / name).mkdir(parents=True, exist_ok=True)
+        args = [a.replace("{dir}", str(out_dir / name)) for a in args]
+        spec.append({"name": name, "script": script, "args": args})
     cmd = mpi_job_command(np_, "scenarios.py", str(out_dir), json.dumps(spec))
     start = time.monotonic()
     proc = start_job(cmd, env)
