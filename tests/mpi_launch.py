@@ -409,6 +409,14 @@ class SharedJobs:
         self.out_dir, self.timeout, self.env = Path(out_dir), timeout, env
         self.jobs: dict[int, SharedJob] = {}
 
+    @classmethod
+    def for_module(cls, request, tmp_path_factory, scenario_of, timeout: float):
+        """The shared jobs of `request`'s test module (for its module-scoped
+        fixture), in a temporary directory named after the module."""
+        module = Path(request.module.__file__)
+        out_dir = tmp_path_factory.mktemp(f"{module.stem}-jobs")
+        return cls(request.session, module, scenario_of, out_dir, timeout)
+
     def get(self, np_: int) -> SharedJob:
         if np_ not in self.jobs:
             self.jobs[np_] = run_scenarios(

@@ -60,7 +60,7 @@ def ones(n=STEPS * 4):
     return np.ones((n, 1), "float32"), np.zeros((n, 1), "float32")
 
 
-def fit_ones(model, epochs, callbacks):
+def fit_ones(model, epochs, callbacks, **kwargs):
     """`model.fit` on `ones()` in batches of 4, in order, silently."""
     x, y = ones()
     return model.fit(
@@ -71,6 +71,7 @@ def fit_ones(model, epochs, callbacks):
         shuffle=False,
         verbose=0,
         callbacks=callbacks,
+        **kwargs,
     )
 
 
@@ -163,42 +164,16 @@ def test_resume_in_the_middle_of_warmup_continues_the_schedule(tmp_path):
             rule="paper", num_workers=100, warmup_epochs=3, decay=0.97
         )
 
-    x, y = ones()
     full, trace = slope_model(1e-3), Trace()
-    full.fit(
-        x,
-        y,
-        batch_size=4,
-        epochs=4,
-        shuffle=False,
-        verbose=0,
-        callbacks=[trace, scaler()],
-    )
+    fit_ones(full, 4, [trace, scaler()])
 
     first = slope_model(1e-3)
     ckpt = AtomicModelCheckpoint(str(tmp_path / "ck.keras"))
-    first.fit(
-        x,
-        y,
-        batch_size=4,
-        epochs=2,
-        shuffle=False,
-        verbose=0,
-        callbacks=[ckpt, scaler()],
-    )
+    fit_ones(first, 2, [ckpt, scaler()])
     resumed = keras.models.load_model(tmp_path / "ck.keras")
     assert float(resumed.optimizer.learning_rate.numpy()) == pytest.approx(1e-3)
     trace2 = Trace()
-    resumed.fit(
-        x,
-        y,
-        batch_size=4,
-        epochs=4,
-        initial_epoch=2,
-        shuffle=False,
-        verbose=0,
-        callbacks=[trace2, scaler()],
-    )
+    fit_ones(resumed, 4, [trace2, scaler()], initial_epoch=2)
     np.testing.assert_allclose(trace2.kernel, trace.kernel[2:], rtol=1e-6)
     got = {(e + 2, b): v for (e, b), v in trace2.batch_lr.items()}
     want = {k: v for k, v in trace.batch_lr.items() if k[0] >= 2}

@@ -55,13 +55,7 @@ def scenario_of(item):
 
 @pytest.fixture(scope="module")
 def jobs(request, tmp_path_factory):
-    return SharedJobs(
-        request.session,
-        __file__,
-        scenario_of,
-        tmp_path_factory.mktemp("optimizer-jobs"),
-        timeout=540,
-    )
+    return SharedJobs.for_module(request, tmp_path_factory, scenario_of, 540)
 
 
 @pytest.mark.parametrize("np_", [2, 3])

@@ -45,13 +45,7 @@ def scenario_of(item):
 
 @pytest.fixture(scope="module")
 def jobs(request, tmp_path_factory):
-    return SharedJobs(
-        request.session,
-        __file__,
-        scenario_of,
-        tmp_path_factory.mktemp("whole-script-jobs"),
-        timeout=560,
-    )
+    return SharedJobs.for_module(request, tmp_path_factory, scenario_of, 560)
 
 
 RTOL = 1e-6

@@ -32,13 +32,7 @@ def scenario_of(item):
 
 @pytest.fixture(scope="module")
 def jobs(request, tmp_path_factory):
-    return SharedJobs(
-        request.session,
-        __file__,
-        scenario_of,
-        tmp_path_factory.mktemp("wire-jobs"),
-        timeout=500,
-    )
+    return SharedJobs.for_module(request, tmp_path_factory, scenario_of, 500)
 
 
 WIRES = ("float32", "float16", "bfloat16")
