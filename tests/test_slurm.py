@@ -187,6 +187,7 @@ def test_restart_recipe_relaunches_a_killed_rank_and_requeues_when_preempted(
     job = tmp_path / "train_restart.sbatch"
     job.write_text(text + "\n")
     shutil.copy(SCRIPTS / "step_backup.py", tmp_path / "train.py")
+    shutil.copy(SCRIPTS / "_common.py", tmp_path)  # the scripts' shared module
     name = f"kmp-test-{uuid.uuid4().hex[:8]}"
     (tmp_path / "full").mkdir()
     full = []
