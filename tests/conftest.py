@@ -55,10 +55,18 @@ _current_item: list = []  # the running test, while it runs
 _real_execute_child = subprocess.Popen._execute_child
 
 
+# KERAS_MPFP16_TEST_LAUNCH_LOG=FILE: a line per job a test starts (its node
+# id, the launcher), appended to FILE, for counting a run's launches.
+_LAUNCH_LOG = os.environ.get("KERAS_MPFP16_TEST_LAUNCH_LOG")
+
+
 def _checked_execute_child(self, args, *rest, **kwargs):
     if _current_item:
         item = _current_item[-1]
         launcher = starts_mpi_job(args)
+        if launcher and _LAUNCH_LOG:
+            with open(_LAUNCH_LOG, "a") as f:
+                f.write(f"{item.nodeid}\t{launcher}\n")
         if launcher and item.get_closest_marker("mpi") is None:
             pytest.fail(
                 f"{item.nodeid} starts an MPI job ({launcher}: {args!r}) but is "

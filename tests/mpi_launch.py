@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -142,11 +143,139 @@ class MPIResult:
                 raise ValueError(f"a line of JSON records with more: {line!r}")
         return sorted(out, key=lambda r: r.get("rank", 0))
 
+    def ok(self, ranks: int | None = None) -> list[dict]:
+        """The records of a job that succeeded: fails the test, with the
+        job's output, unless it exited 0 and (where `ranks` is given)
+        printed exactly `ranks` records."""
+        assert self.returncode == 0, self.describe()
+        recs = self.records()
+        if ranks is not None:
+            assert len(recs) == ranks, self.describe()
+        return recs
+
     def describe(self) -> str:
         return (
             f"exit code {self.returncode} after {self.seconds:.1f}s\n"
             f"--- stdout ---\n{self.stdout[-6000:]}\n--- stderr ---\n{self.stderr[-6000:]}"
         )
+
+
+def start_job(
+    cmd: list[str],
+    env: dict | None = None,
+    *,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+) -> subprocess.Popen:
+    """Starts `cmd` (a launcher: mpirun, srun, sbatch, the launch wrapper) in
+    a session of its own, so that `kill_job` ends its whole process group,
+    with `mpi_env(env)`. Output is piped (text) unless files are given."""
+    return subprocess.Popen(
+        cmd,
+        stdout=stdout,
+        stderr=stderr,
+        text=True,
+        env=mpi_env(env),
+        start_new_session=True,
+    )
+
+
+def kill_job(proc: subprocess.Popen) -> tuple[str, str]:
+    """SIGKILLs the job's whole process group (launcher and ranks) and reaps
+    it; returns what it had written to its pipes ("" where not piped)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:  # the group has ended already
+        pass
+    out, err = proc.communicate()
+    return out or "", err or ""
+
+
+def finish_job(
+    proc: subprocess.Popen,
+    cmd: list[str],
+    timeout: float,
+    start: float,
+    *,
+    what: str = "mpirun job",
+    on_timeout=None,
+) -> MPIResult:
+    """Waits for the job started at `start` (time.monotonic()) until `timeout`
+    seconds after it (10 s at least); one still running then is killed with
+    its whole process group (`on_timeout()` first, e.g. a scancel) and the
+    test fails, so a hang cannot freeze CI."""
+    try:
+        out, err = proc.communicate(
+            timeout=max(10, timeout - (time.monotonic() - start))
+        )
+    except subprocess.TimeoutExpired:
+        if on_timeout is not None:
+            on_timeout()
+        out, err = kill_job(proc)
+        raise AssertionError(
+            f"{what} timed out after {timeout}s (hang?): {' '.join(cmd)}\n"
+            f"--- stdout ---\n{out[-4000:]}\n--- stderr ---\n{err[-4000:]}"
+        ) from None
+    return MPIResult(proc.returncode, out, err, time.monotonic() - start)
+
+
+def run_job(
+    cmd: list[str],
+    *,
+    timeout: float,
+    env: dict | None = None,
+    what: str = "mpirun job",
+    on_timeout=None,
+) -> MPIResult:
+    """Runs a launcher command line to its end under `timeout` (see
+    `start_job` and `finish_job`)."""
+    start = time.monotonic()
+    proc = start_job(cmd, env)
+    return finish_job(proc, cmd, timeout, start, what=what, on_timeout=on_timeout)
+
+
+def wait_for_files(proc: subprocess.Popen, paths, timeout: float, start: float) -> bool:
+    """Polls until every one of `paths` exists (markers the ranks write):
+    True; False if the job ends first or `timeout` seconds after `start`
+    (time.monotonic()) pass."""
+    paths = list(paths)
+    while not all(Path(p).exists() for p in paths):
+        if proc.poll() is not None or time.monotonic() - start > timeout:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def await_files(proc: subprocess.Popen, paths, timeout: float, what: str) -> None:
+    """`wait_for_files` from now, failing the test where the markers do not
+    all come: "job ended early (STATUS)", or `what` never happened."""
+    if not wait_for_files(proc, paths, timeout, time.monotonic()):
+        assert proc.poll() is None, f"job ended early ({proc.returncode})"
+        raise AssertionError(f"{what} (no {', '.join(map(str, paths))} in {timeout}s)")
+
+
+def mpi_job_command(np_: int, script: str, *args: str, mpi_args=()) -> list[str]:
+    """`mpirun -np N python tests/mpi_scripts/SCRIPT ARGS` as a list."""
+    return [
+        *launch_command(np_, *mpi_args),
+        sys.executable,
+        str(SCRIPTS / script),
+        *args,
+    ]
+
+
+def wrapped_job_command(
+    np_: int, script: str, *args: str, wrapper_args: tuple[str, ...] = ()
+) -> list[str]:
+    """`mpi_job_command` under the launch wrapper: `python -m
+    keras_mpfp16.runtime.launch [WRAPPER_ARGS] mpirun -np N python SCRIPT ARGS`."""
+    return [
+        sys.executable,
+        "-m",
+        "keras_mpfp16.runtime.launch",
+        *wrapper_args,
+        *mpi_job_command(np_, script, *args),
+    ]
 
 
 def run_mpi(
@@ -162,30 +291,139 @@ def run_mpi(
     A job still running after `timeout` seconds is killed with its whole
     process group and the test fails, so a hang cannot freeze CI.
     """
-    import time
+    cmd = mpi_job_command(np_, script, *args, mpi_args=mpi_args)
+    return run_job(cmd, timeout=timeout, env=env)
 
-    cmd = [
-        *launch_command(np_, *mpi_args),
-        sys.executable,
-        str(SCRIPTS / script),
-        *args,
-    ]
+
+def ok(result: MPIResult, ranks: int | None = None) -> list[dict]:
+    """`result.ok(ranks)`: the records of a job that succeeded."""
+    return result.ok(ranks)
+
+
+def rel(a, b) -> float:
+    """|a - b| relative to |b| (1e-12 at least): for comparing a job's figure
+    with a reference's."""
+    return abs(float(a) - float(b)) / max(abs(float(b)), 1e-12)
+
+
+# -- several checks per job ------------------------------------------------------
+# A test file's checks that each need a job of the same size can share one:
+# tests/mpi_scripts/scenarios.py runs their scripts one after another in one
+# `mpirun`, each scenario's output and error in files of its own, so a
+# failing scenario fails only its own test, with its own traceback.
+
+
+@dataclass
+class SharedJob:
+    """One `scenarios.py` job's outcome, read per scenario."""
+
+    result: MPIResult  # the whole job's (returncode -9 where it timed out)
+    out_dir: Path
+    np_: int
+    names: tuple[str, ...]
+
+    def dir(self, name: str) -> Path:
+        """The scenario's own directory (`{dir}` in its arguments)."""
+        return self.out_dir / name
+
+    def records(self, name: str) -> list[dict]:
+        """The scenario's JSON records, one list over the ranks (sorted by
+        rank); fails the test with the scenario's traceback where it raised
+        on any rank, or with the job's output where it never ended."""
+        assert name in self.names, (name, self.names)
+        errors = [
+            f"--- rank {r} ---\n{path.read_text()}"
+            for r in range(self.np_)
+            if (path := self.out_dir / f"{name}.{r}.error").exists()
+        ]
+        if errors:
+            raise AssertionError(
+                f"scenario {name!r} raised (job {self.result.returncode}):\n"
+                + "\n".join(errors)
+            )
+        missing = [
+            r
+            for r in range(self.np_)
+            if not (self.out_dir / f"{name}.{r}.done").exists()
+        ]
+        assert not missing, (
+            f"scenario {name!r} never ended on ranks {missing}: "
+            + self.result.describe()
+        )
+        # Every scenario ended cleanly, so the job must have too.
+        assert self.result.returncode == 0, self.result.describe()
+        text = "".join(
+            (self.out_dir / f"{name}.{r}.out").read_text() for r in range(self.np_)
+        )
+        return MPIResult(0, text, "", 0.0).records()
+
+
+def run_scenarios(
+    np_: int,
+    scenarios: dict[str, tuple[str, ...]],
+    out_dir: Path,
+    timeout: float,
+    env: dict | None = None,
+) -> SharedJob:
+    """Runs `scenarios` ({name: (script, *args)}) one after another in one
+    `mpirun -np N` job (tests/mpi_scripts/scenarios.py) under `timeout`;
+    a job still running then is killed (the scenarios not done fail).
+    `{dir}` in an argument is the scenario's own directory (made here)."""
+    spec = []
+    for name, (script, *args) in scenarios.items():
+        (out_dir / name).mkdir(parents=True, exist_ok=True)
+        args = [a.replace("{dir}", str(out_dir / name)) for a in args]
+        spec.append({"name": name, "script": script, "args": args})
+    cmd = mpi_job_command(np_, "scenarios.py", str(out_dir), json.dumps(spec))
     start = time.monotonic()
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=mpi_env(env),
-        start_new_session=True,
-    )
+    proc = start_job(cmd, env)
     try:
         out, err = proc.communicate(timeout=timeout)
+        code = proc.returncode
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        raise AssertionError(
-            f"mpirun job timed out after {timeout}s (hang?): {' '.join(cmd)}\n"
-            f"--- stdout ---\n{out[-4000:]}\n--- stderr ---\n{err[-4000:]}"
-        ) from None
-    return MPIResult(proc.returncode, out, err, time.monotonic() - start)
+        out, err = kill_job(proc)
+        err += f"\n[the shared job timed out after {timeout}s and was killed]"
+        code = -9
+    result = MPIResult(code, out, err, time.monotonic() - start)
+    return SharedJob(result, out_dir, np_, tuple(scenarios))
+
+
+class SharedJobs:
+    """A test module's shared jobs, one per size, each started when a test
+    first asks for it, with only the scenarios of the tests this run
+    selected (`pytest -k`, `-m quick` and node ids keep their cost).
+
+    `scenario_of(item)` gives the (np, name, (script, *args)) a collected
+    test reads, or None for a test that reads none; `get(np_)` returns the
+    `SharedJob` of that size."""
+
+    def __init__(self, session, module_path, scenario_of, out_dir, timeout, env=None):
+        self.wanted: dict[int, dict[str, tuple[str, ...]]] = {}
+        for item in session.items:
+            if Path(str(item.path)) != Path(module_path):
+                continue
+            found = scenario_of(item)
+            if found:
+                np_, name, command = found
+                self.wanted.setdefault(np_, {})[name] = tuple(command)
+        self.out_dir, self.timeout, self.env = Path(out_dir), timeout, env
+        self.jobs: dict[int, SharedJob] = {}
+
+    @classmethod
+    def for_module(cls, request, tmp_path_factory, scenario_of, timeout: float):
+        """The shared jobs of `request`'s test module (for its module-scoped
+        fixture), in a temporary directory named after the module."""
+        module = Path(request.module.__file__)
+        out_dir = tmp_path_factory.mktemp(f"{module.stem}-jobs")
+        return cls(request.session, module, scenario_of, out_dir, timeout)
+
+    def get(self, np_: int) -> SharedJob:
+        if np_ not in self.jobs:
+            self.jobs[np_] = run_scenarios(
+                np_,
+                self.wanted[np_],
+                self.out_dir / f"np{np_}",
+                self.timeout,
+                self.env,
+            )
+        return self.jobs[np_]

@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
 import pytest
-from mpi_launch import SCRIPTS, MPIResult, mpi_env
+from mpi_launch import SCRIPTS, MPIResult, run_job
 
 ROOT = Path(__file__).resolve().parent.parent
 UP, DOWN = ROOT / ".ci" / "slurm-up", ROOT / ".ci" / "slurm-down"
@@ -76,26 +74,13 @@ def slurm():
 
 
 def _run(cmd: list[str], name: str, timeout: float, env: dict | None) -> MPIResult:
-    start = time.monotonic()
-    proc = subprocess.Popen(
+    return run_job(
         cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=mpi_env({**SRUN_ENV, **(env or {})}),
-        start_new_session=True,
+        timeout=timeout,
+        env={**SRUN_ENV, **(env or {})},
+        what="Slurm job",
+        on_timeout=lambda: subprocess.run(["scancel", f"--name={name}"], timeout=30),
     )
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        subprocess.run(["scancel", f"--name={name}"], timeout=30)
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        raise AssertionError(
-            f"Slurm job timed out after {timeout}s (hang?): {' '.join(cmd)}\n"
-            f"--- stdout ---\n{out[-4000:]}\n--- stderr ---\n{err[-4000:]}"
-        ) from None
-    return MPIResult(proc.returncode, out, err, time.monotonic() - start)
 
 
 def run_srun(

@@ -60,6 +60,21 @@ def ones(n=STEPS * 4):
     return np.ones((n, 1), "float32"), np.zeros((n, 1), "float32")
 
 
+def fit_ones(model, epochs, callbacks, **kwargs):
+    """`model.fit` on `ones()` in batches of 4, in order, silently."""
+    x, y = ones()
+    return model.fit(
+        x,
+        y,
+        batch_size=4,
+        epochs=epochs,
+        shuffle=False,
+        verbose=0,
+        callbacks=callbacks,
+        **kwargs,
+    )
+
+
 class Trace(keras.callbacks.Callback):
     def __init__(self):
         super().__init__()
@@ -92,16 +107,7 @@ def test_every_step_uses_its_exact_rate(spe):
     scaler = LearningRateScaler(
         rule="linear", num_workers=8, warmup_epochs=1.5, decay=0.9, max_lr=0.06
     )
-    x, y = ones()
-    history = model.fit(
-        x,
-        y,
-        batch_size=4,
-        epochs=3,
-        shuffle=False,
-        verbose=0,
-        callbacks=[trace, scaler],
-    )
+    history = fit_ones(model, 3, [trace, scaler])
     want = closed_form(range(3), **kw)
     np.testing.assert_allclose(
         [-k for k in trace.kernel], np.cumsum(want)[STEPS - 1 :: STEPS], rtol=1e-5
@@ -130,16 +136,7 @@ def test_schedule_learning_rate_is_the_base_and_survives_saving(tmp_path):
     trace = Trace()
     ckpt = AtomicModelCheckpoint(str(tmp_path / "m.keras"))
     scaler = LearningRateScaler(rule="sqrt", num_workers=4, warmup_epochs=1.0)
-    x, y = ones()
-    model.fit(
-        x,
-        y,
-        batch_size=4,
-        epochs=2,
-        shuffle=False,
-        verbose=0,
-        callbacks=[trace, scaler, ckpt],
-    )
+    fit_ones(model, 2, [trace, scaler, ckpt])
     want = [
         float(
             scaled_learning_rate(
@@ -167,42 +164,16 @@ def test_resume_in_the_middle_of_warmup_continues_the_schedule(tmp_path):
             rule="paper", num_workers=100, warmup_epochs=3, decay=0.97
         )
 
-    x, y = ones()
     full, trace = slope_model(1e-3), Trace()
-    full.fit(
-        x,
-        y,
-        batch_size=4,
-        epochs=4,
-        shuffle=False,
-        verbose=0,
-        callbacks=[trace, scaler()],
-    )
+    fit_ones(full, 4, [trace, scaler()])
 
     first = slope_model(1e-3)
     ckpt = AtomicModelCheckpoint(str(tmp_path / "ck.keras"))
-    first.fit(
-        x,
-        y,
-        batch_size=4,
-        epochs=2,
-        shuffle=False,
-        verbose=0,
-        callbacks=[ckpt, scaler()],
-    )
+    fit_ones(first, 2, [ckpt, scaler()])
     resumed = keras.models.load_model(tmp_path / "ck.keras")
     assert float(resumed.optimizer.learning_rate.numpy()) == pytest.approx(1e-3)
     trace2 = Trace()
-    resumed.fit(
-        x,
-        y,
-        batch_size=4,
-        epochs=4,
-        initial_epoch=2,
-        shuffle=False,
-        verbose=0,
-        callbacks=[trace2, scaler()],
-    )
+    fit_ones(resumed, 4, [trace2, scaler()], initial_epoch=2)
     np.testing.assert_allclose(trace2.kernel, trace.kernel[2:], rtol=1e-6)
     got = {(e + 2, b): v for (e, b), v in trace2.batch_lr.items()}
     want = {k: v for k, v in trace.batch_lr.items() if k[0] >= 2}
@@ -253,16 +224,7 @@ def test_reduce_lr_on_plateau_multiplies_the_schedule():
     kw = dict(base_learning_rate=0.01, factor=4.0, warmup_epochs=2.0, decay=0.9)
     model, trace = slope_model(0.01), Trace()
     scaler = LearningRateScaler(num_workers=4, warmup_epochs=2.0, decay=0.9)
-    x, y = ones()
-    model.fit(
-        x,
-        y,
-        batch_size=4,
-        epochs=4,
-        shuffle=False,
-        verbose=0,
-        callbacks=[scaler, plateau, trace],
-    )
+    fit_ones(model, 4, [scaler, plateau, trace])
     want = closed_form(range(4), **kw)
     mult = [1.0, 1.0, 0.5, 0.25]
     for (epoch, batch), lr in trace.batch_lr.items():

@@ -8,15 +8,13 @@ outside the nodes. Skipped where namespaces cannot be made (not root, no
 """
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from mpi_launch import SCRIPTS, MPIResult, mpi_env
+from mpi_launch import SCRIPTS, MPIResult, await_files, kill_job, run_job, start_job
 
 # The harness is a benchmark tool in examples/, not part of the package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "benchmarks"))
@@ -32,24 +30,7 @@ NAMES = dict(prefix="kmpt", subnet="10.78.7", bridge="kmptbr0")
 
 
 def _run(cmd, env=None, timeout=180) -> MPIResult:
-    start = time.monotonic()
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=mpi_env(env),
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        raise AssertionError(
-            f"timed out: {' '.join(cmd)}\n{out[-3000:]}\n{err[-3000:]}"
-        )
-    return MPIResult(proc.returncode, out, err, time.monotonic() - start)
+    return run_job(cmd, timeout=timeout, env=env)
 
 
 @pytest.fixture
@@ -75,8 +56,7 @@ def test_two_nodes_allreduce_across_a_rate_limited_link(cluster):
     cluster.set_rate("100mbit")
     cmd = cluster.mpirun_command([sys.executable, str(SCRIPTS / "cluster_smoke.py")])
     res = _run(cmd, timeout=120)
-    assert res.returncode == 0, res.describe()
-    recs = res.records()
+    recs = res.ok()
     assert [r["host"] for r in recs] == ["kmpt1", "kmpt2"], res.describe()
     assert all(r["sum4"] == 3.0 and r["sum1mb"] == 3.0 for r in recs)
     # 1 MB between 2 nodes sends at least 0.5 MB each way: >= 40 ms at
@@ -107,19 +87,14 @@ def test_cut_link_mid_epoch_ends_every_rank_then_resume_is_identical(cluster):
         f"echo $? >{run_dir}/rc.$OMPI_COMM_WORLD_RANK"
     )
     env = {"KERAS_MPFP16_HEARTBEAT_TIMEOUT": "10"}
-    proc = subprocess.Popen(
+    proc = start_job(
         cluster.mpirun_command(["sh", "-c", wrapped]),
+        env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        env=mpi_env(env),
-        start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 180
-        while not (run_dir / "reached").exists():
-            assert proc.poll() is None, f"job ended early ({proc.returncode})"
-            assert time.monotonic() < deadline, "training never reached epoch 2"
-            time.sleep(0.1)
+        await_files(proc, [run_dir / "reached"], 180, "training never reached epoch 2")
         cluster.link(2, up=False)
         cut = time.monotonic()
         pids = [int((run_dir / f"pid.{r}").read_text()) for r in (0, 1)]
@@ -128,8 +103,7 @@ def test_cut_link_mid_epoch_ends_every_rank_then_resume_is_identical(cluster):
         ended = time.monotonic() - cut
         alive = [r for r, p in enumerate(pids) if _alive(p)]
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # mpirun cannot reach node 2 either
-        proc.wait()
+        kill_job(proc)  # mpirun cannot reach node 2 either
         cluster.link(2, up=True)
         cluster.kill_all()
     errs = {

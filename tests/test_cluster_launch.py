@@ -10,16 +10,14 @@ root, no `ip netns`)."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from mpi_launch import SCRIPTS, mpi_env, mpi_kind
+from mpi_launch import SCRIPTS, await_files, kill_job, mpi_kind, start_job
 
 # The emulated-cluster harness is a benchmark tool, not part of the package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "benchmarks"))
@@ -65,20 +63,10 @@ def test_cut_node_ends_the_launcher_non_zero_within_60s(cluster3, tmp_path):
     # Output to files: the cut node's daemon keeps inherited pipes open.
     err_path = tmp_path / "stderr"
     with open(err_path, "w") as err_file:
-        proc = subprocess.Popen(
-            cmd,
-            stdout=subprocess.DEVNULL,
-            stderr=err_file,
-            env=mpi_env({}),
-            start_new_session=True,
-        )
+        proc = start_job(cmd, stdout=subprocess.DEVNULL, stderr=err_file)
     ended = None
     try:
-        deadline = time.monotonic() + 240
-        while not (run_dir / "reached").exists():
-            assert proc.poll() is None, f"job ended early ({proc.returncode})"
-            assert time.monotonic() < deadline, "training never reached epoch 2"
-            time.sleep(0.1)
+        await_files(proc, [run_dir / "reached"], 240, "training never reached epoch 2")
         cluster3.link(3, up=False)
         cut = time.monotonic()
         try:
@@ -88,8 +76,7 @@ def test_cut_node_ends_the_launcher_non_zero_within_60s(cluster3, tmp_path):
             pass
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            kill_job(proc)
         cluster3.link(3, up=True)
         cluster3.kill_all()
     err = err_path.read_text()
@@ -117,21 +104,11 @@ def test_cut_node_ends_plain_mpirun_non_zero_within_60s(cluster3, tmp_path):
     cmd = [str(cluster3.agent), cluster3.node(1), *mpirun]
     err_path = tmp_path / "stderr"
     with open(err_path, "w") as err_file:
-        proc = subprocess.Popen(
-            cmd,
-            stdout=subprocess.DEVNULL,
-            stderr=err_file,
-            env=mpi_env({}),
-            start_new_session=True,
-        )
+        proc = start_job(cmd, stdout=subprocess.DEVNULL, stderr=err_file)
     ended = None
     survivors = []
     try:
-        deadline = time.monotonic() + 240
-        while not (run_dir / "reached").exists():
-            assert proc.poll() is None, f"job ended early ({proc.returncode})"
-            assert time.monotonic() < deadline, "training never reached epoch 2"
-            time.sleep(0.1)
+        await_files(proc, [run_dir / "reached"], 240, "training never reached epoch 2")
         cluster3.link(3, up=False)
         cut = time.monotonic()
         try:
@@ -143,8 +120,7 @@ def test_cut_node_ends_plain_mpirun_non_zero_within_60s(cluster3, tmp_path):
         survivors = cluster3.pids(1) + cluster3.pids(2)
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            kill_job(proc)
         cluster3.link(3, up=True)
         cluster3.kill_all()
     err = err_path.read_text(errors="replace")
@@ -256,21 +232,13 @@ def test_hydra_cut_node_ends_plain_mpiexec_non_zero(cluster3, tmp_path, cut):
     )
     err_path = tmp_path / "stderr"
     with open(err_path, "w") as err_file:
-        proc = subprocess.Popen(
-            cmd,
-            stdout=subprocess.DEVNULL,
-            stderr=err_file,
-            env=mpi_env(Cluster.hydra_env),
-            start_new_session=True,
+        proc = start_job(
+            cmd, Cluster.hydra_env, stdout=subprocess.DEVNULL, stderr=err_file
         )
     ended = None
     survivors = []
     try:
-        deadline = time.monotonic() + 240
-        while not (run_dir / "reached").exists():
-            assert proc.poll() is None, f"job ended early ({proc.returncode})"
-            assert time.monotonic() < deadline, "training never reached epoch 2"
-            time.sleep(0.05)
+        await_files(proc, [run_dir / "reached"], 240, "training never reached epoch 2")
         cluster3.link(cut, up=False)
         cut_at = time.monotonic()
         try:
@@ -282,8 +250,7 @@ def test_hydra_cut_node_ends_plain_mpiexec_non_zero(cluster3, tmp_path, cut):
         survivors = [p for k in (1, 2, 3) if k != cut for p in cluster3.pids(k)]
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            kill_job(proc)
         cluster3.link(cut, up=True)
         cluster3.kill_all()
     err = err_path.read_text(errors="replace")

@@ -57,24 +57,17 @@ def test_nothing_is_ended_without_an_open_mpi_launcher(tmp_path):
     """Another parent (here a script named `srun-step`), or a delay of 0: no
     watchdog, the parent runs on."""
     script = tmp_path / "srun-step"
-    script.write_text('#!/bin/sh\n"$@"\nexec sleep 3\n')
-    script.chmod(0o755)
-    proc = subprocess.run(
-        [str(script), sys.executable, "-c", CHILD, "0.5"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.stdout.strip() == "None" and proc.returncode == 0, proc
     off = _stand_in(tmp_path, "prterun")
-    off.write_text('#!/bin/sh\n"$@"\nexec sleep 3\n')
-    proc = subprocess.run(
-        [str(off), sys.executable, "-c", CHILD, "0"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.stdout.strip() == "None" and proc.returncode == 0, proc
+    for parent, delay in ((script, "0.5"), (off, "0")):
+        parent.write_text('#!/bin/sh\n"$@"\nexec sleep 3\n')
+        parent.chmod(0o755)
+        proc = subprocess.run(
+            [str(parent), sys.executable, "-c", CHILD, delay],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.stdout.strip() == "None" and proc.returncode == 0, proc
 
 
 def test_local_launcher_walks_up_to_the_nearest_launcher(tmp_path):

@@ -4,22 +4,13 @@ import os
 
 import numpy as np
 import pytest
-from mpi_launch import run_mpi
+from mpi_launch import ok, rel, run_mpi
 
 import keras_mpfp16 as kmp
 
 pytestmark = pytest.mark.mpi
 
 RTOL = 1e-6
-
-
-def ok(result):
-    assert result.returncode == 0, result.describe()
-    return result.records()
-
-
-def rel(a, b):
-    return abs(float(a) - float(b)) / max(abs(float(b)), 1e-12)
 
 
 def assert_logs_close(got: dict, want: dict, what: str):

@@ -24,8 +24,7 @@ def union_of(recs, name):
 @pytest.mark.parametrize("np_", [2, 3])
 def test_every_element_type_is_checked_sharded_and_split(np_):
     result = run_mpi(np_, "data_types.py", timeout=540)
-    assert result.returncode == 0, result.describe()
-    recs = result.records()
+    recs = result.ok()
     assert [r["rank"] for r in recs] == list(range(np_)), result.describe()
     # 200 batches dealt over the ranks minus the remainder (drop_remainder),
     # every time, also on the second pass (served by the completed cache).

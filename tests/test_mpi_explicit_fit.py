@@ -9,16 +9,11 @@ training loop matches one process. The job is tests/mpi_scripts/explicit_fit.py.
 """
 
 import pytest
-from mpi_launch import run_mpi
+from mpi_launch import ok, run_mpi
 
 pytestmark = pytest.mark.mpi  # every test here runs the module's mpirun jobs
 
 PATCHED = ("wrapped", "framework", "super", "callbacklist", "bypass")
-
-
-def ok(result):
-    assert result.returncode == 0, result.describe()
-    return result.records()
 
 
 def _run(np_, tmp_path, modes, env=None):

@@ -254,32 +254,12 @@ def test_rank_0_frozen_the_lowest_other_rank_speaks_and_the_wrapper_exits_69():
     reaches the wrapper through the ranks' forwarded stderr (not passed on)
     and it exits 69 naming that host, whatever mpirun returned."""
     import socket
-    import subprocess
 
-    from mpi_launch import SCRIPTS, mpi_env, mpirun_path
+    from mpi_launch import run_job, wrapped_job_command
 
-    cmd = [
-        sys.executable,
-        "-m",
-        "keras_mpfp16.runtime.launch",
-        mpirun_path(),
-        "-np",
-        "3",
-        "--oversubscribe",
-        "--bind-to",
-        "none",
-        sys.executable,
-        str(SCRIPTS / "runtime_faults.py"),
-        "stop-rank0",
-    ]
+    cmd = wrapped_job_command(3, "runtime_faults.py", "stop-rank0")
     start = time.monotonic()
-    res = subprocess.run(
-        cmd,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env=mpi_env({"KERAS_MPFP16_HEARTBEAT_TIMEOUT": "6"}),
-    )
+    res = run_job(cmd, timeout=240, env={"KERAS_MPFP16_HEARTBEAT_TIMEOUT": "6"})
     err = res.stderr
     print(f"the wrapper ended after {time.monotonic() - start:.1f}s")
     assert res.returncode == 69, err[-4000:]

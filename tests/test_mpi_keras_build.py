@@ -60,8 +60,7 @@ def test_one_process_reference_is_what_keras_builds(one_process):
 @pytest.mark.parametrize("np_", [2, 3])
 def test_models_are_built_as_one_process_builds_them(np_, tmp_path, one_process):
     result = run_mpi(np_, "keras_build.py", str(tmp_path), timeout=400)
-    assert result.returncode == 0, result.describe()
-    recs = result.records()
+    recs = result.ok()
     assert len(recs) == np_ * len(PARTS), result.describe()
     for r in recs:
         want = one_process[r["part"]]

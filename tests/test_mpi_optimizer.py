@@ -1,19 +1,66 @@
-"""Real multi-process runs: `mpirun -np 2` and `-np 3`, each under a timeout."""
+"""Real multi-process runs: `mpirun -np 2` and `-np 3`, each under a timeout.
+
+The checks that only read what their script prints share one job per size
+(tests/mpi_scripts/scenarios.py: the scripts one after another, each
+scenario's output and traceback its own, so a failing one fails only its
+test); the jit check reads the job's stderr and has a job of its own."""
 
 import pytest
-from mpi_launch import run_mpi
+from mpi_launch import SharedJobs, ok, run_mpi
 
 pytestmark = pytest.mark.mpi
 
+POLICIES_FP16_WIRE = (
+    "--wire",
+    "float16",
+    "--accum",
+    "2",
+    "--policies",
+    "mixed_float16",
+)
 
-def ok(result):
-    assert result.returncode == 0, result.describe()
-    return result.records()
+
+def scenario_of(item):
+    """The (np, scenario, command) a test of this file reads, or None."""
+    params = getattr(item, "callspec", None)
+    params = params.params if params else {}
+    return {
+        "test_runtime_collectives": lambda: (
+            params["np_"],
+            "collectives",
+            ("collectives.py",),
+        ),
+        "test_fit_all_policies_identical_weights_and_falling_loss": lambda: (
+            params["np_"],
+            "policies",
+            ("fit_policies.py",),
+        ),
+        "test_low_precision_wire_and_accumulation_train_identically": lambda: (
+            3,
+            "fp16-wire-accumulation",
+            ("fit_policies.py", *POLICIES_FP16_WIRE),
+        ),
+        "test_two_ranks_equal_one_process_with_double_batch": lambda: (
+            2,
+            f"equivalence-{params['accum']}",
+            ("equivalence.py", "--accum", str(params["accum"])),
+        ),
+        "test_overflow_on_one_rank_is_skipped_by_all": lambda: (
+            2,
+            "overflow",
+            ("overflow_one_rank.py",),
+        ),
+    }.get(item.originalname, lambda: None)()
+
+
+@pytest.fixture(scope="module")
+def jobs(request, tmp_path_factory):
+    return SharedJobs.for_module(request, tmp_path_factory, scenario_of, 540)
 
 
 @pytest.mark.parametrize("np_", [2, 3])
-def test_runtime_collectives(np_):
-    recs = ok(run_mpi(np_, "collectives.py", timeout=120))
+def test_runtime_collectives(np_, jobs):
+    recs = jobs.get(np_).records("collectives")
     assert len(recs) == np_
     for r in recs:
         assert r["size"] == np_ and r["local_size"] == np_
@@ -51,13 +98,13 @@ def test_runtime_collectives(np_):
 
 
 @pytest.mark.parametrize("np_", [2, 3])
-def test_fit_all_policies_identical_weights_and_falling_loss(np_):
+def test_fit_all_policies_identical_weights_and_falling_loss(np_, jobs):
     """float32, mixed_float16, mixed_bfloat16 one after another in one process.
 
     Models start from different seeds per rank; the script allgathers weight
     digests after every epoch and fails if they differ.
     """
-    recs = ok(run_mpi(np_, "fit_policies.py", timeout=300))
+    recs = jobs.get(np_).records("policies")
     assert len(recs) == np_
     for policy in ("float32", "mixed_float16", "mixed_bfloat16"):
         digests = {r["results"][policy]["digest"] for r in recs}
@@ -69,34 +116,23 @@ def test_fit_all_policies_identical_weights_and_falling_loss(np_):
             assert res["skipped"] == 0
 
 
-def test_low_precision_wire_and_accumulation_train_identically():
-    recs = ok(
-        run_mpi(
-            3,
-            "fit_policies.py",
-            "--wire",
-            "float16",
-            "--accum",
-            "2",
-            "--policies",
-            "mixed_float16",
-            timeout=240,
-        )
-    )
+def test_low_precision_wire_and_accumulation_train_identically(jobs):
+    recs = jobs.get(3).records("fp16-wire-accumulation")
+    assert len(recs) == 3
     assert len({r["results"]["mixed_float16"]["digest"] for r in recs}) == 1
     loss = recs[0]["results"]["mixed_float16"]["loss"]
     assert loss[-1] < loss[0]
 
 
 @pytest.mark.parametrize("accum", [1, 2])
-def test_two_ranks_equal_one_process_with_double_batch(accum):
-    recs = ok(run_mpi(2, "equivalence.py", "--accum", str(accum), timeout=240))
+def test_two_ranks_equal_one_process_with_double_batch(accum, jobs):
+    recs = jobs.get(2).records(f"equivalence-{accum}")
     assert recs[0]["moved"] > 1e-2  # training did change the weights
     assert recs[0]["max_rel_diff"] < 1e-5, recs[0]
 
 
-def test_overflow_on_one_rank_is_skipped_by_all():
-    recs = ok(run_mpi(2, "overflow_one_rank.py", timeout=240))
+def test_overflow_on_one_rank_is_skipped_by_all(jobs):
+    recs = jobs.get(2).records("overflow")
     a, b = recs
     assert a["digest"] == b["digest"]
     assert a["scales"] == b["scales"] == [1024.0, 1024.0, 512.0, 512.0, 512.0, 512.0]

@@ -16,11 +16,17 @@ import uuid
 import pytest
 from mpi_launch import (
     SCRIPTS,
-    MPIResult,
+    await_files,
+    finish_job,
+    kill_job,
     launch_command,
-    mpi_env,
-    mpirun_path,
+    mpi_job_command,
+    ok,
+    run_job,
     run_mpi,
+    start_job,
+    wait_for_files,
+    wrapped_job_command,
 )
 from slurm_launch import slurm  # noqa: F401  (fixture)
 
@@ -29,53 +35,19 @@ pytestmark = pytest.mark.mpi
 PREEMPTED = 75  # keras_mpfp16.PREEMPTED_EXIT_CODE (not imported: no TF here)
 
 
-def ok(result: MPIResult) -> list[dict]:
-    assert result.returncode == 0, result.describe()
-    return result.records()
-
-
-def _launch(np_: int, args: list[str], env: dict) -> subprocess.Popen:
-    cmd = [
-        *launch_command(np_),
-        sys.executable,
-        str(SCRIPTS / "preempt.py"),
-        *args,
-    ]
-    return subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=mpi_env(env),
-        start_new_session=True,
-    )
-
-
 def _signalled_run(np_, out_dir, backup, env, target, signum, timeout=300):
     """Starts the `run` job, waits for every rank's marker (epoch 1, step 5),
     sends `signum` to `target` ("mpirun" or a rank number) and waits."""
-    proc = _launch(np_, [str(out_dir), "run", backup], env)
+    cmd = mpi_job_command(np_, "preempt.py", str(out_dir), "run", backup)
     start = time.monotonic()
+    proc = start_job(cmd, env)
     markers = [out_dir / f"ready.{r}" for r in range(np_)]
-    try:
-        while not all(m.exists() for m in markers):
-            if proc.poll() is not None or time.monotonic() - start > timeout:
-                break
-            time.sleep(0.05)
-        else:
-            pid = proc.pid if target == "mpirun" else int(markers[target].read_text())
-            sent = time.time()
-            os.kill(pid, signum)
-        out, err = proc.communicate(
-            timeout=max(10, timeout - (time.monotonic() - start))
-        )
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        raise AssertionError(
-            f"preempted job hung\n{out[-3000:]}\n{err[-3000:]}"
-        ) from None
-    result = MPIResult(proc.returncode, out, err, time.monotonic() - start)
+    sent = None
+    if wait_for_files(proc, markers, timeout, start):
+        pid = proc.pid if target == "mpirun" else int(markers[target].read_text())
+        sent = time.time()
+        os.kill(pid, signum)
+    result = finish_job(proc, cmd, timeout, start, what="preempted job")
     assert all(m.exists() for m in markers), result.describe()
     return result, sent
 
@@ -165,34 +137,21 @@ def _srun_signalled(n, out_dir, env, timeout=400):
         "run",
         "own",
     ]
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=mpi_env({**SRUN_ENV, **env}),
-        start_new_session=True,
-    )
     start = time.monotonic()
+    proc = start_job(cmd, {**SRUN_ENV, **env})
     markers = [out_dir / f"ready.{r}" for r in range(n)]
-    try:
-        while not all(m.exists() for m in markers):
-            if proc.poll() is not None or time.monotonic() - start > timeout:
-                break
-            time.sleep(0.05)
-        else:
-            subprocess.run(
-                ["scancel", "--signal=TERM", f"--name={name}"], check=True, timeout=60
-            )
-        out, err = proc.communicate(
-            timeout=max(10, timeout - (time.monotonic() - start))
+    if wait_for_files(proc, markers, timeout, start):
+        subprocess.run(
+            ["scancel", "--signal=TERM", f"--name={name}"], check=True, timeout=60
         )
-    except subprocess.TimeoutExpired:
-        subprocess.run(["scancel", f"--name={name}"], timeout=30)
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        raise AssertionError(f"srun job hung\n{out[-3000:]}\n{err[-3000:]}") from None
-    return MPIResult(proc.returncode, out, err, time.monotonic() - start)
+    return finish_job(
+        proc,
+        cmd,
+        timeout,
+        start,
+        what="srun job",
+        on_timeout=lambda: subprocess.run(["scancel", f"--name={name}"], timeout=30),
+    )
 
 
 @pytest.mark.usefixtures("slurm")
@@ -230,42 +189,16 @@ def test_sigterm_to_the_launch_wrapper_reaches_the_ranks_as_a_stop(tmp_path):
     out_dir = tmp_path / "run"
     out_dir.mkdir()
     own = tmp_path / "own-backups"
-    cmd = [
-        sys.executable,
-        "-m",
-        "keras_mpfp16.runtime.launch",
-        mpirun_path(),
-        "-np",
-        "2",
-        "--oversubscribe",
-        "--bind-to",
-        "none",
-        sys.executable,
-        str(SCRIPTS / "preempt.py"),
-        str(out_dir),
-        "run",
-        "own",
-    ]
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=mpi_env({"KERAS_MPFP16_PREEMPTION_DIR": str(own)}),
-        start_new_session=True,
-    )
-    start = time.monotonic()
+    cmd = wrapped_job_command(2, "preempt.py", str(out_dir), "run", "own")
+    proc = start_job(cmd, {"KERAS_MPFP16_PREEMPTION_DIR": str(own)})
     try:
-        while not all((out_dir / f"ready.{r}").exists() for r in range(2)):
-            assert proc.poll() is None and time.monotonic() - start < 300
-            time.sleep(0.05)
+        markers = [out_dir / f"ready.{r}" for r in range(2)]
+        await_files(proc, markers, 300, "the ranks never reached step 5")
         os.kill(proc.pid, signal.SIGTERM)
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-    result = MPIResult(proc.returncode, out, err, time.monotonic() - start)
+    except BaseException:
+        kill_job(proc)
+        raise
+    result = finish_job(proc, cmd, 120, time.monotonic(), what="the wrapper's job")
     assert result.returncode == PREEMPTED, result.describe()
     stops = result.records()
     assert len(stops) == 2 and all(s["signal"] == signal.SIGUSR1 for s in stops)
@@ -298,28 +231,17 @@ def test_a_backup_belongs_to_the_job_that_wrote_it(tmp_path):
 
     other = tmp_path / "other_job.py"
     other.write_text((SCRIPTS / "preempt.py").read_text())
+    shutil.copy(SCRIPTS / "_common.py", tmp_path)  # the scripts' shared module
     other_out = tmp_path / "other"
     other_out.mkdir()
     cmd = [str(other), str(other_out), "full", "own", "sgd"]
 
     def run_other(extra_env):
-        proc = subprocess.run(
-            [
-                mpirun_path(),
-                "-np",
-                "2",
-                "--oversubscribe",
-                "--bind-to",
-                "none",
-                sys.executable,
-                *cmd,
-            ],
-            capture_output=True,
-            text=True,
-            env=mpi_env({**env, **extra_env}),
+        return run_job(
+            [*launch_command(2), sys.executable, *cmd],
             timeout=300,
+            env={**env, **extra_env},
         )
-        return MPIResult(proc.returncode, proc.stdout, proc.stderr, 0.0)
 
     refused = run_other({})
     assert refused.returncode not in (0, PREEMPTED), refused.describe()

@@ -8,42 +8,27 @@ from __future__ import annotations
 import json
 
 import pytest
-from mpi_launch import MPIResult, run_mpi
+from mpi_launch import ok, run_job, run_mpi, wrapped_job_command
 
 pytestmark = pytest.mark.mpi
 
 
-def ok(result: MPIResult) -> list[dict]:
-    assert result.returncode == 0, result.describe()
-    return result.records()
-
-
-# Quarantined 2026-12-06: the harness's timing fails often on this machine,
-# before and after this round's merges alike (6fcc9f9: 2 of 3 runs passed;
-# merged main: 1 of 5). Two failures seen: (a) no backup due at or after
-# (1, 9) is snapshotted before the epoch's last step, where the script
-# waits 60 s ("the blocked backup write never started"); (b) the backup left
-# on disk is the epoch-0 end backup deferred to step 1 of epoch 1, not one
-# from steps 5-9 (a due backup skipped while a write was in flight). Both are
-# the script's assumptions about when due backups are taken under load, not
-# a wrong resume seen: in every run that passed, the relaunch resumed bitwise.
-# Fix first next round (issue 41's test work), then drop this mark.
-@pytest.mark.xfail(
-    strict=False,
-    reason="timing-fragile harness: which due backup is in flight when rank 0 "
-    "is killed depends on load (see the comment above)",
-)
 def test_step_backups_are_whole_and_a_kill_mid_write_resumes_exactly(tmp_path):
     """np=2, save_freq=5, 3 epochs of 20 steps, shuffle=False.
 
     Uninterrupted: the last backup (epoch 3, step 20) holds exactly the final
     model and optimizer state, every dataset of Keras's own file, no
     staging directory left. Killed: rank 0's write of the step-10 backup of
-    epoch 2 blocks; training goes on (steps run while it is in flight);
-    rank 0 is SIGKILLed mid-write. The backup left is the previous one
-    (epoch 2, step 5), complete; the relaunch resumes there and ends with
-    the uninterrupted run's weights, optimizer state and history, bit for
-    bit."""
+    epoch 2 blocks; training goes on (steps 11-13 run while it is in
+    flight); rank 0 is SIGKILLed mid-write, once the writer is known to be
+    blocked there. The backup left is the previous one (epoch 2, step 5),
+    complete; the relaunch resumes there and ends with the uninterrupted
+    run's weights, optimizer state and history, bit for bit.
+
+    The script synchronises on the library's own events, not on time: up to
+    the blocked backup, each step a backup falls due at starts only once the
+    previous backup's write thread has ended (so none is deferred), and the
+    kill waits until the blocked writer has reached its block."""
     (tmp_path / "full").mkdir()
     full = ok(run_mpi(2, "step_backup.py", str(tmp_path / "full"), "full", timeout=300))
     want = full[0]
@@ -62,10 +47,10 @@ def test_step_backups_are_whole_and_a_kill_mid_write_resumes_exactly(tmp_path):
     assert killed.returncode != 0, killed.describe()
     notes = [r for r in killed.records() if r.get("killing")]
     assert len(notes) == 1, killed.describe()
-    # Steps ran while the blocked backup (step 10, or a little later) was
-    # being written.
+    # The blocked backup is the one due at step 10 (none deferred), and
+    # steps 11-13 ran while it was being written.
     blocked = notes[0]["blocked_at"]
-    assert blocked and tuple(blocked) >= (1, 9) and notes[0]["steps"], notes
+    assert blocked == [1, 9] and notes[0]["steps"] == [10, 11, 12], notes
     # The kill came mid-write: the staging directory is there, unfinished;
     # the backup is the previous one, whole.
     staged = run_dir / "backup.kmp-new"
@@ -73,7 +58,7 @@ def test_step_backups_are_whole_and_a_kill_mid_write_resumes_exactly(tmp_path):
     assert not (staged / "training_metadata.json").exists()
     left = json.loads((run_dir / "backup" / "training_metadata.json").read_text())
     at = left["keras_mpfp16"]
-    assert at["epoch"] == 1 and 5 <= at["steps_done"] <= blocked[1], left
+    assert at["epoch"] == 1 and at["steps_done"] == 5, left
 
     resumed = ok(run_mpi(2, "step_backup.py", str(run_dir), "resume", timeout=300))
     assert len(resumed) == 2
@@ -94,49 +79,31 @@ def test_sigkilled_rank_restarts_at_the_same_size_and_ends_identically(tmp_path)
     the wrapper logs one restart and runs the job again at the same size;
     it resumes at epoch 2 step 10 and ends with the uninterrupted np=3
     run's weights, optimizer state and history, bit for bit; exit 0."""
-    import subprocess
-    import sys
-
-    from mpi_launch import SCRIPTS, mpi_env, mpirun_path
-
     (tmp_path / "full").mkdir()
     full = ok(run_mpi(3, "step_backup.py", str(tmp_path / "full"), "full", timeout=400))
     want = full[0]
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    cmd = [
-        sys.executable,
-        "-m",
-        "keras_mpfp16.runtime.launch",
-        "--max-restarts",
-        "1",
-        mpirun_path(),
-        "-np",
-        "3",
-        "--oversubscribe",
-        "--bind-to",
-        "none",
-        sys.executable,
-        str(SCRIPTS / "step_backup.py"),
+    cmd = wrapped_job_command(
+        3,
+        "step_backup.py",
         str(run_dir),
         "sigkill",
-    ]
-    proc = subprocess.run(
-        cmd, capture_output=True, text=True, env=mpi_env({}), timeout=700
+        wrapper_args=("--max-restarts", "1"),
     )
-    result = MPIResult(proc.returncode, proc.stdout, proc.stderr, 0.0)
-    assert proc.returncode == 0, result.describe()
+    result = run_job(cmd, timeout=700)
+    assert result.returncode == 0, result.describe()
     assert (run_dir / "killed").exists()
     restarts = [
         line
-        for line in proc.stderr.splitlines()
+        for line in result.stderr.splitlines()
         if "keras_mpfp16.runtime.launch: restart" in line
     ]
     assert len(restarts) == 1, result.describe()
     assert "restart 1 of 1" in restarts[0] and "size: 3" in restarts[0], restarts
     assert "killed by a signal" in restarts[0], restarts
     # The user's own BackupAndRestore is named as such, not as a preemption's.
-    resumed = [ln for ln in proc.stderr.splitlines() if "RESUMING" in ln]
+    resumed = [ln for ln in result.stderr.splitlines() if "RESUMING" in ln]
     assert len(resumed) == 1, result.describe()
     assert "RESUMING from the backup in" in resumed[0], resumed
     recs = result.records()

@@ -13,9 +13,7 @@ pytestmark = pytest.mark.mpi
 
 
 def _records(result, np_):
-    assert result.returncode == 0, result.describe()
-    recs = result.records()
-    assert len(recs) == np_, result.describe()
+    recs = result.ok(np_)
     return recs
 
 

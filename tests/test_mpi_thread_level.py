@@ -6,14 +6,10 @@ get the level back; a silent (lost) rank is then never detected, and
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import time
 
 import pytest
-from mpi_launch import SCRIPTS, mpi_env, mpirun_path, run_mpi
+from mpi_launch import kill_job, mpi_job_command, run_mpi, start_job
 
 pytestmark = pytest.mark.mpi
 
@@ -33,25 +29,11 @@ def test_a_silent_rank_is_not_detected_below_multiple(tmp_path):
     """Rank 1 freezes (SIGSTOP) with a 2-s heartbeat timeout and a 3-s stall
     abort: at MULTIPLE either ends the job within seconds
     (tests/test_mpi_faults.py); here the job is still running 20 s later."""
-    cmd = [
-        mpirun_path(),
-        "-np",
-        "2",
-        "--oversubscribe",
-        "--bind-to",
-        "none",
-        sys.executable,
-        str(SCRIPTS / "thread_level.py"),
-        "stop",
-    ]
-    env = mpi_env(
-        {"KERAS_MPFP16_HEARTBEAT_TIMEOUT": "2", "KERAS_MPFP16_STALL_ABORT": "3"}
-    )
+    cmd = mpi_job_command(2, "thread_level.py", "stop")
+    env = {"KERAS_MPFP16_HEARTBEAT_TIMEOUT": "2", "KERAS_MPFP16_STALL_ABORT": "3"}
     out_path, err_path = tmp_path / "out", tmp_path / "err"
     with open(out_path, "w") as out, open(err_path, "w") as err:
-        proc = subprocess.Popen(
-            cmd, stdout=out, stderr=err, env=env, start_new_session=True
-        )
+        proc = start_job(cmd, env, stdout=out, stderr=err)
     try:
         deadline = time.monotonic() + 120
         while out_path.read_text().count("STEPS DONE") < 2:
@@ -62,8 +44,7 @@ def test_a_silent_rank_is_not_detected_below_multiple(tmp_path):
         still_running = proc.poll() is None
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            kill_job(proc)
     assert still_running, err_path.read_text()[-3000:]
     assert "FINISHED rank" not in out_path.read_text()
     _says_so_once(err_path.read_text())

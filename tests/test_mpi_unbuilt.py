@@ -19,8 +19,7 @@ PARTS = ("custom", "sequential", "generator", "fallback")
 @pytest.mark.parametrize("np_", [2, 3])
 def test_unbuilt_models_train_as_one_process(np_):
     result = run_mpi(np_, "unbuilt_model.py", timeout=400)
-    assert result.returncode == 0, result.describe()
-    recs = result.records()
+    recs = result.ok()
     assert len(recs) == np_ * len(PARTS), result.describe()
     for part in PARTS:
         mine = [r for r in recs if r["part"] == part]

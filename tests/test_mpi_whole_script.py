@@ -8,25 +8,47 @@ alone. The job is tests/mpi_scripts/whole_script.py (keras.io's Conv1D
 classifier: tests/mpi_scripts/conv1d_script.py; keras.io's text classifier
 from files on disk with a model on raw strings:
 tests/mpi_scripts/text_classifier.py, issue 38).
+
+The input-kinds, custom train_step and kmp-layers checks of a size share one
+job (tests/mpi_scripts/scenarios.py; a failing one fails only its test); the
+others read the job's output or files, set its environment, or kill it, and
+keep jobs of their own.
 """
 
 import os
 
 import pytest
-from mpi_launch import run_mpi
+from mpi_launch import SharedJobs, ok, rel, run_mpi
 
 pytestmark = pytest.mark.mpi
 
+
+def scenario_of(item):
+    """The (np, scenario, command) a test of this file reads, or None."""
+    command = {
+        "test_every_input_kind_is_split_and_exact": (
+            "whole_script.py",
+            "{dir}",
+            "inputs",
+        ),
+        "test_custom_train_step_logs_match_one_process": (
+            "whole_script.py",
+            "{dir}",
+            "custom",
+        ),
+        "test_kmp_recurrent_layers_train_in_every_policy": ("kmp_layers_fit.py",),
+    }.get(item.originalname)
+    if command is None:
+        return None
+    return item.callspec.params["np_"], item.originalname, command
+
+
+@pytest.fixture(scope="module")
+def jobs(request, tmp_path_factory):
+    return SharedJobs.for_module(request, tmp_path_factory, scenario_of, 560)
+
+
 RTOL = 1e-6
-
-
-def ok(result):
-    assert result.returncode == 0, result.describe()
-    return result.records()
-
-
-def rel(a, b):
-    return abs(float(a) - float(b)) / max(abs(float(b)), 1e-12)
 
 
 @pytest.mark.parametrize("np_", [2, 3])
@@ -138,11 +160,12 @@ def test_kill_mid_checkpoint_and_restart_resumes_identically(np_, tmp_path):
 
 
 @pytest.mark.parametrize("np_", [2, 3])
-def test_every_input_kind_is_split_and_exact(np_, tmp_path):
+def test_every_input_kind_is_split_and_exact(np_, jobs):
     """Validation in fit and evaluate on all ranks, for tf.data of known and
     unknown length and PyDataset: the one-process numbers. validation_split:
     the union of the ranks' tails. A batch-frequency ModelCheckpoint writes."""
-    recs = ok(run_mpi(np_, "whole_script.py", str(tmp_path), "inputs", timeout=300))
+    recs = jobs.get(np_).records("test_every_input_kind_is_split_and_exact")
+    assert len(recs) == np_
     for r in recs:
         results = r["results"]
         for name in ("tf.data", "tf.data-unknown", "PyDataset"):
@@ -158,12 +181,12 @@ def test_every_input_kind_is_split_and_exact(np_, tmp_path):
 
 
 @pytest.mark.parametrize("np_", [2, 3])
-def test_kmp_recurrent_layers_train_in_every_policy(np_):
+def test_kmp_recurrent_layers_train_in_every_policy(np_, jobs):
     """kmp LSTM/GRU, Bidirectional, masking, unknown time dimension, partial
     last batches, stateful lanes: trains under float32, mixed_float16 and
     mixed_bfloat16 (this crashed on every rank at the first step when the
     buckets were sized from the gradients' static shapes)."""
-    recs = ok(run_mpi(np_, "kmp_layers_fit.py", timeout=400))
+    recs = jobs.get(np_).records("test_kmp_recurrent_layers_train_in_every_policy")
     assert len(recs) == np_
     for policy in ("float32", "mixed_float16", "mixed_bfloat16"):
         for r in recs:
@@ -174,11 +197,12 @@ def test_kmp_recurrent_layers_train_in_every_policy(np_):
 
 
 @pytest.mark.parametrize("np_", [2, 3])
-def test_custom_train_step_logs_match_one_process(np_, tmp_path):
+def test_custom_train_step_logs_match_one_process(np_, jobs):
     """keras.io's custom train_step/test_step with its own loss tracker and
     metric (a subclassed model, unseeded ranks): global logs, train and
     validation, equal to one process's; one model on every rank."""
-    recs = ok(run_mpi(np_, "whole_script.py", str(tmp_path), "custom", timeout=300))
+    recs = jobs.get(np_).records("test_custom_train_step_logs_match_one_process")
+    assert len(recs) == np_
     assert len({r["digest"] for r in recs}) == 1
     for r in recs:
         hist, ref = r["history"], r["ref_history"]

@@ -5,20 +5,38 @@ between ranks, no float16 overflow or flush, non-finite detection), the DLPack
 buffer path (forced on CPU), the step check carried in the first bucket, and
 MPI calls per Keras train step. sparse_fit.py: Embedding gradients reduced by
 allgather equal the dense reduction.
+
+The two sparse-gradient checks of a size share one job
+(tests/mpi_scripts/scenarios.py; a failing one fails only its test);
+wire_checks.py counts MPI calls and keeps a job of its own.
 """
 
 import pytest
-from mpi_launch import run_mpi
+from mpi_launch import SharedJobs, ok, run_mpi
 
 pytestmark = pytest.mark.mpi
 
+
+def scenario_of(item):
+    """The (np, scenario, command) a test of this file reads, or None."""
+    script = {
+        "test_embedding_trained_with_sparse_gradients_equals_dense": "sparse_fit.py",
+        "test_gathered_embedding_gradients_train_like_one_process_with_adam": (
+            "sparse_equivalence.py"
+        ),
+    }.get(item.originalname)
+    if script is None:
+        return None
+    return item.callspec.params["np_"], script, (script,)
+
+
+@pytest.fixture(scope="module")
+def jobs(request, tmp_path_factory):
+    return SharedJobs.for_module(request, tmp_path_factory, scenario_of, 500)
+
+
 WIRES = ("float32", "float16", "bfloat16")
 TOL = {"float32": 1e-6, "float16": 2e-3, "bfloat16": 1e-2}
-
-
-def ok(result):
-    assert result.returncode == 0, result.describe()
-    return result.records()
 
 
 def same_everywhere(recs, keys):
@@ -107,8 +125,8 @@ def test_in_step_reduction_wires_paths_step_check_and_call_counts(np_):
 
 
 @pytest.mark.parametrize("np_", [2, 3])
-def test_embedding_trained_with_sparse_gradients_equals_dense(np_):
-    recs = ok(run_mpi(np_, "sparse_fit.py", timeout=300))
+def test_embedding_trained_with_sparse_gradients_equals_dense(np_, jobs):
+    recs = jobs.get(np_).records("sparse_fit.py")
     assert len(recs) == np_
     for policy in ("float32", "mixed_float16"):
         for r in recs:
@@ -158,7 +176,8 @@ def test_allreduce_benchmark_cli_measures_every_wire_in_graph(tmp_path):
 
 
 @pytest.mark.parametrize("np_", [2, 3])
-def test_gathered_embedding_gradients_train_like_one_process_with_adam(np_):
-    recs = ok(run_mpi(np_, "sparse_equivalence.py", timeout=240))
+def test_gathered_embedding_gradients_train_like_one_process_with_adam(np_, jobs):
+    recs = jobs.get(np_).records("sparse_equivalence.py")
+    assert len(recs) == np_
     assert recs[0]["moved"] > 1e-2  # training did change the weights
     assert recs[0]["max_rel_diff"] < 1e-5, recs[0]

@@ -12,7 +12,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -20,7 +19,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from mpi_launch import SCRIPTS, MPIResult, mpi_env, run_mpi
+from mpi_launch import SCRIPTS, MPIResult, kill_job, ok, run_mpi, start_job
 from slurm_launch import ROOT, run_sbatch, run_srun, slurm  # noqa: F401
 
 # Every test here starts a Slurm job (srun/sbatch launches the ranks).
@@ -28,11 +27,6 @@ pytestmark = [pytest.mark.usefixtures("slurm"), pytest.mark.mpi]
 
 SBATCH = ROOT / "examples" / "slurm" / "train.sbatch"
 RESTART_SBATCH = ROOT / "examples" / "slurm" / "train_restart.sbatch"
-
-
-def ok(result):
-    assert result.returncode == 0, result.describe()
-    return result.records()
 
 
 @pytest.mark.parametrize("n", [2, 3])
@@ -124,20 +118,12 @@ def _sbatch_while_requeued(
     waits in the queue after a requeue (Slurm holds a requeued job back
     cred_expire + 1 seconds: 31 on .ci/slurm-up's cluster), or after the
     job if it never waited so. Returns (result, job id)."""
-    proc = subprocess.Popen(
-        ["sbatch", "--wait", f"--job-name={name}", *options, str(job)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=mpi_env({}),
-        start_new_session=True,
-    )
+    proc = start_job(["sbatch", "--wait", f"--job-name={name}", *options, str(job)])
     start, done = time.monotonic(), False
     while proc.poll() is None:
         if time.monotonic() - start > timeout:
             subprocess.run(["scancel", f"--name={name}"], timeout=30)
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, err = proc.communicate()
+            out, err = kill_job(proc)
             raise AssertionError(
                 f"Slurm job {name} did not end within {timeout}s (hang?)\n"
                 f"{out[-3000:]}\n{err[-3000:]}\n"
@@ -201,6 +187,7 @@ def test_restart_recipe_relaunches_a_killed_rank_and_requeues_when_preempted(
     job = tmp_path / "train_restart.sbatch"
     job.write_text(text + "\n")
     shutil.copy(SCRIPTS / "step_backup.py", tmp_path / "train.py")
+    shutil.copy(SCRIPTS / "_common.py", tmp_path)  # the scripts' shared module
     name = f"kmp-test-{uuid.uuid4().hex[:8]}"
     (tmp_path / "full").mkdir()
     full = []

@@ -120,43 +120,46 @@ def test_finished_vs_model_signature_check_names_that_not_batches(monkeypatch):
     assert "rank 0 (host node1): finished (its script ended) after 2" in msg
 
 
-def test_finished_vs_evaluate_collective_names_the_collectives(monkeypatch):
-    insp = _insp()
-    now = time.time()
-    insp.table = {
-        0: Finished(
-            40,
-            "gradient allreduce, bucket 1/1, train step 11",
-            11,
-            "its script ended",
+@pytest.mark.parametrize(
+    "seq, waiting, found, absent",
+    [
+        # Rank 1 waits in evaluate's collective: named, not a batch count.
+        (
+            41,
+            "allreduce (evaluate metrics)",
+            ["'allreduce (evaluate metrics)'", "never entered"],
+            ["batches"],
         ),
-        1: Wait(41, "allreduce (evaluate metrics)", now, 11),
-    }
-    msg = _conflict_message(insp, monkeypatch)
-    assert "'allreduce (evaluate metrics)'" in msg and "never entered" in msg
-    assert "batches" not in msg
-
-
-def test_finished_vs_a_later_train_step_blames_batches(monkeypatch):
-    insp = _insp()
-    now = time.time()
-    insp.table = {
-        0: Finished(
-            36,
-            "gradient allreduce, bucket 1/1, train step 11",
-            11,
-            "its script ended",
-        ),
-        1: Wait(
+        # Rank 1 is at a later train step: more batches than rank 0.
+        (
             37,
             "step check before gradient allreduce, bucket 1/1, train step 12",
-            now,
-            11,
+            [
+                "rank 1 is at train step 12 but rank 0 finished after train step 11",
+                "more batches",
+            ],
+            [],
         ),
+    ],
+    ids=["evaluate-collective-named", "later-train-step-blames-batches"],
+)
+def test_finished_rank_vs_a_waiting_one(monkeypatch, seq, waiting, found, absent):
+    """Rank 0's script ended after train step 11; rank 1 waits in `waiting`."""
+    insp = _insp()
+    insp.table = {
+        0: Finished(
+            seq - 1,
+            "gradient allreduce, bucket 1/1, train step 11",
+            11,
+            "its script ended",
+        ),
+        1: Wait(seq, waiting, time.time(), 11),
     }
     msg = _conflict_message(insp, monkeypatch)
-    assert "rank 1 is at train step 12 but rank 0 finished after train step 11" in msg
-    assert "more batches" in msg
+    for text in found:
+        assert text in msg
+    for text in absent:
+        assert text not in msg
 
 
 def test_unknown_systemexit_is_named_as_the_cause(monkeypatch):

@@ -82,9 +82,7 @@ def test_wire_dtype_and_pin_errors_name_the_value_and_the_choices():
 
 def _run(np_, mode, tmp_path, env=None, timeout=300):
     res = run_mpi(np_, "wire_auto.py", str(tmp_path), mode, timeout=timeout, env=env)
-    assert res.returncode == 0, res.describe()
-    recs = res.records()
-    assert len(recs) == np_, res.describe()
+    recs = res.ok(np_)
     return recs, res
 
 
@@ -191,9 +189,7 @@ def test_real_probe_measures_both_wires_and_agrees(tmp_path):
 )
 def test_a_second_fit_neither_measures_nor_retraces(warmup, trial, tmp_path):
     res = run_mpi(2, "wire_auto_refit.py", str(warmup), "6", timeout=300)
-    assert res.returncode == 0, res.describe()
-    recs = res.records()
-    assert len(recs) == 2, res.describe()
+    recs = res.ok(2)
     for r in recs:
         first, second = r["fits"]
         assert first["measured"] == 1

@@ -27,6 +27,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from _common import fit_in_order  # noqa: E402
 
 import keras_mpfp16 as kmp  # noqa: E402
 from keras_mpfp16.callbacks import (  # noqa: E402
@@ -138,7 +139,8 @@ ref = build()
 ref.set_weights(initial)
 compile_(ref, keras.optimizers.SGD(0.05, momentum=0.9))
 ref_rec = Recorder()
-ref_hist = ref.fit(
+ref_hist = fit_in_order(
+    ref,
     x[:kept],
     y[:kept],
     sample_weight=w[:kept],
@@ -146,8 +148,6 @@ ref_hist = ref.fit(
     epochs=epochs,
     validation_data=(xv, yv),
     validation_batch_size=8,
-    shuffle=False,
-    verbose=0,
     callbacks=[ref_rec, scaler(num_workers=n)],
 )
 reference = {
@@ -167,7 +167,8 @@ loaded_state = {
     "lr": float(np.asarray(opt.learning_rate)),
 }
 rec2 = Recorder()
-hist2 = resumed.fit(
+hist2 = fit_in_order(
+    resumed,
     xs,
     ys,
     sample_weight=ws,
@@ -176,8 +177,6 @@ hist2 = resumed.fit(
     initial_epoch=1,
     validation_data=val,
     validation_batch_size=8,
-    shuffle=False,
-    verbose=0,
     callbacks=[rec2, GlobalMetrics(), scaler()],
 )
 resume = {

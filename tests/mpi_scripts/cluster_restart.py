@@ -40,6 +40,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+from _common import fit_in_order  # noqa: E402
 
 import keras_mpfp16 as kmp  # noqa: E402
 
@@ -158,13 +159,12 @@ class Timeline(keras.callbacks.Callback):
         time.sleep(3)
 
 
-model.fit(
+fit_in_order(
+    model,
     xs,
     ys,
     batch_size=BATCH,
     epochs=EPOCHS,
-    shuffle=False,
-    verbose=0,
     callbacks=[
         Timeline(),
         keras.callbacks.BackupAndRestore(backup_dir, save_freq=FREQ),

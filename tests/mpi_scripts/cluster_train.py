@@ -23,6 +23,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+from _common import fit_in_order, lstm_model_or_checkpoint  # noqa: E402
 
 import keras_mpfp16 as kmp  # noqa: E402
 
@@ -50,28 +51,12 @@ class Reached(keras.callbacks.Callback):
             time.sleep(3)
 
 
-if mode == "resume":
-    model = keras.models.load_model(path)
-    start = int(model.optimizer.iterations.numpy()) // steps
-else:
-    keras.utils.set_random_seed(5)
-    model = keras.Sequential(
-        [keras.Input((6, 3)), keras.layers.LSTM(8), keras.layers.Dense(1)]
-    )
-    model.compile(optimizer=kmp.DistributedOptimizer("adam"), loss="mse")
-    start = 0
+model, start = lstm_model_or_checkpoint(path, steps, resume=mode == "resume")
 callbacks = [Reached()]
 if mode == "cut":
     callbacks.append(kmp.callbacks.AtomicModelCheckpoint(path))
-model.fit(
-    x,
-    y,
-    batch_size=b,
-    epochs=epochs,
-    initial_epoch=start,
-    shuffle=False,
-    verbose=0,
-    callbacks=callbacks,
+fit_in_order(
+    model, x, y, batch_size=b, epochs=epochs, initial_epoch=start, callbacks=callbacks
 )
 digest = hashlib.sha256(
     b"".join(np.ascontiguousarray(w).tobytes() for w in model.get_weights())

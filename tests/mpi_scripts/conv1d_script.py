@@ -18,7 +18,6 @@ prints one JSON line with what the test compares:
   optimizer, the global batch, rank 0's initial weights) for comparison.
 """
 
-import hashlib
 import json
 import math
 import os
@@ -28,6 +27,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+from _common import digest  # noqa: E402
 
 import keras_mpfp16 as kmp  # noqa: E402
 
@@ -62,13 +62,6 @@ def make_model():
     h = keras.layers.GlobalAveragePooling1D()(h)
     outputs = keras.layers.Dense(2, activation="softmax")(h)
     return keras.Model(inputs, outputs)
-
-
-def digest(weights) -> str:
-    h = hashlib.sha256()
-    for w in weights:
-        h.update(np.ascontiguousarray(np.asarray(w)).tobytes())
-    return h.hexdigest()[:16]
 
 
 def compile_(m, optimizer):

@@ -25,6 +25,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from _common import CountTestBatches  # noqa: E402
 
 import keras_mpfp16 as kmp  # noqa: E402
 
@@ -111,18 +112,7 @@ model.fit(kmp.shard(train), epochs=2, verbose=0)
 test = tf.data.Dataset.from_tensor_slices((texts, labels)).batch(4)
 
 
-class CountBatches(keras.callbacks.Callback):
-    """How many test batches this rank evaluated (split: about 1/N of them)."""
-
-    def __init__(self):
-        super().__init__()
-        self.batches = 0
-
-    def on_test_batch_end(self, batch, logs=None):
-        self.batches += 1
-
-
-counter = CountBatches()
+counter = CountTestBatches()
 got = model.evaluate(
     test.cache().prefetch(2), verbose=0, return_dict=True, callbacks=[counter]
 )
@@ -177,7 +167,7 @@ features = {
 }
 targets = (features["num"][:, 0] > 0).astype("float32")
 mixed_ds = tf.data.Dataset.from_tensor_slices((features, targets)).batch(5)
-counter = CountBatches()
+counter = CountTestBatches()
 out["mixed_evaluate"] = mixed.evaluate(
     mixed_ds, verbose=0, return_dict=True, callbacks=[counter]
 )

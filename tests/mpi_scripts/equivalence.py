@@ -10,13 +10,13 @@ Prints one JSON line per rank: {"rank", "max_rel_diff"} (rank 0 only compares).
 """
 
 import argparse
-import json
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+from _common import against_one_process, emit  # noqa: E402
 
 import keras_mpfp16 as kmp  # noqa: E402
 
@@ -45,28 +45,13 @@ mine = [i * n + rank for i in range(steps * k)]
 xr = blocks[0][mine].reshape(-1, 10, 3)
 yr = blocks[1][mine].reshape(-1, 2)
 
-model = build()
-initial = model.get_weights()
-accum = k if k > 1 else None
-model.compile(
-    optimizer=kmp.DistributedOptimizer(
-        keras.optimizers.SGD(0.1), gradient_accumulation_steps=accum
-    ),
-    loss="mse",
+result = against_one_process(
+    build,
+    lambda: keras.optimizers.SGD(0.1),
+    (xr, yr),
+    (x, y),
+    batch=b,
+    global_batch=n * b * k,
+    gradient_accumulation_steps=k if k > 1 else None,
 )
-model.fit(xr, yr, batch_size=b, epochs=2, shuffle=False, verbose=0)
-distributed = model.get_weights()
-
-result = {"rank": rank}
-if rank == 0:
-    ref = build()
-    ref.set_weights(initial)
-    ref.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
-    ref.fit(x, y, batch_size=n * b * k, epochs=2, shuffle=False, verbose=0)
-    diffs = [
-        float(np.max(np.abs(a - r)) / (np.max(np.abs(r)) + 1e-12))
-        for a, r in zip(distributed, ref.get_weights())
-    ]
-    moved = max(float(np.max(np.abs(a - i))) for a, i in zip(distributed, initial))
-    result.update({"max_rel_diff": max(diffs), "moved": moved})
-print(json.dumps(result), flush=True)
+emit(result)

@@ -30,6 +30,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from _common import Batches, fit_in_order  # noqa: E402
 
 import keras_mpfp16 as kmp  # noqa: E402
 
@@ -124,19 +125,6 @@ with open(report) as f:
 rank, n = kmp.rank(), kmp.size()  # the first collective, on every rank
 
 
-class Batches(keras.utils.PyDataset):
-    def __init__(self, xs, ys, batch):
-        super().__init__()
-        self.xs, self.ys, self.batch = xs, ys, batch
-
-    def __len__(self):
-        return -(-len(self.xs) // self.batch)
-
-    def __getitem__(self, i):
-        sl = slice(i * self.batch, (i + 1) * self.batch)
-        return self.xs[sl], self.ys[sl]
-
-
 def generator(xs, ys):
     for i in range(0, len(xs), BATCH):
         yield xs[i : i + BATCH], ys[i : i + BATCH]
@@ -166,13 +154,12 @@ xs, ys = kmp.shard(x, y, batch_size=BATCH)
 results = {"lone": {"evaluate": lone, "ref": reference(model, xv, yv)["logs"]}}
 for name, (make, (vx, vy)) in kinds.items():
     val = make()
-    hist = model.fit(
+    hist = fit_in_order(
+        model,
         xs,
         ys,
         batch_size=BATCH,
         epochs=1,
-        shuffle=False,
-        verbose=0,
         validation_data=val,
         validation_batch_size=BATCH,
     )
@@ -192,9 +179,7 @@ for name, (make, (vx, vy)) in kinds.items():
 
 # validation_split of the same (unsharded) data on every rank: the tail is
 # the same everywhere, so it is split over the ranks.
-hist = model.fit(
-    x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, validation_split=0.25
-)
+hist = fit_in_order(model, x, y, batch_size=BATCH, epochs=1, validation_split=0.25)
 split_at = int(math.ceil(len(x) * 0.75))
 results["validation_split"] = {
     "fit": {k[4:]: v[-1] for k, v in hist.history.items() if k.startswith("val_")},
@@ -203,9 +188,7 @@ results["validation_split"] = {
 }
 # validation_split of sharded data: each rank validates its own tail; the
 # logs describe the union of the tails.
-hist = model.fit(
-    xs, ys, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, validation_split=0.25
-)
+hist = fit_in_order(model, xs, ys, batch_size=BATCH, epochs=1, validation_split=0.25)
 own_at = int(math.ceil(len(xs) * 0.75))
 tails = kmp.allgather(xs[own_at:]), kmp.allgather(ys[own_at:])
 results["validation_split-sharded"] = {

@@ -40,6 +40,7 @@ KERAS_EVALUATE = keras.Model.evaluate
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from _common import fit_in_order, state_digest  # noqa: E402
 
 import keras_mpfp16 as kmp  # noqa: E402
 from keras_mpfp16.training import patches  # noqa: E402
@@ -48,13 +49,6 @@ out_dir, modes = sys.argv[1], sys.argv[2].split(",")
 mode = modes[0]  # the mode running now (read by the model classes)
 rank, n = kmp.rank(), kmp.size()
 EPOCHS, BATCH = 2, 8
-
-
-def digest(model) -> str:
-    h = hashlib.sha256()
-    for v in list(model.variables) + list(model.optimizer.variables):
-        h.update(np.ascontiguousarray(np.asarray(v)).tobytes())
-    return h.hexdigest()[:16]
 
 
 def data():
@@ -134,13 +128,12 @@ def train(model):
         ) as kw:
             logs = model.evaluate(**kw)
     else:
-        history = model.fit(
+        history = fit_in_order(
+            model,
             xs,
             ys,
             batch_size=BATCH,
             epochs=EPOCHS,
-            shuffle=False,
-            verbose=0,
             validation_data=(xv, yv),
             callbacks=callbacks,
         )
@@ -151,7 +144,7 @@ def train(model):
     return {
         "history": {k: [float(v) for v in vs] for k, vs in history.history.items()},
         "evaluate": {k: float(v) for k, v in logs.items()},
-        "digest": digest(model),
+        "digest": state_digest(model),
         "csv": csv_text,
         # The Keras patches (the rows KERAS_MPFP16_PATCH_KERAS=0 leaves out).
         "patches": {

@@ -35,6 +35,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from _common import fit_in_order, lstm_model_or_checkpoint  # noqa: E402
 
 import keras_mpfp16 as kmp  # noqa: E402
 
@@ -79,26 +80,10 @@ if fault.startswith("ckpt"):
                 os.kill(os.getpid(), signal.SIGKILL)
             super().write(p)
 
-    if fault == "ckpt-resume":
-        model = keras.models.load_model(path)
-        start = int(model.optimizer.iterations.numpy()) // 12
-    else:
-        keras.utils.set_random_seed(5)
-        model = keras.Sequential(
-            [keras.Input((6, 3)), keras.layers.LSTM(8), keras.layers.Dense(1)]
-        )
-        model.compile(optimizer=kmp.DistributedOptimizer("adam"), loss="mse")
-        start = 0
+    model, start = lstm_model_or_checkpoint(path, 12, resume=fault == "ckpt-resume")
     callbacks = [CrashingCheckpoint(path)] if path else []
-    model.fit(
-        x,
-        y,
-        batch_size=b,
-        epochs=4,
-        initial_epoch=start,
-        shuffle=False,
-        verbose=0,
-        callbacks=callbacks,
+    fit_in_order(
+        model, x, y, batch_size=b, epochs=4, initial_epoch=start, callbacks=callbacks
     )
     h = hashlib.sha256(
         b"".join(np.ascontiguousarray(w).tobytes() for w in model.get_weights())
@@ -213,7 +198,5 @@ elif fault == "uneven":
     )
     model.fit(unknown_length, epochs=2, verbose=0, callbacks=[Inject()])
 else:
-    model.fit(
-        *data, batch_size=b, epochs=2, shuffle=False, verbose=0, callbacks=[Inject()]
-    )
+    fit_in_order(model, *data, batch_size=b, epochs=2, callbacks=[Inject()])
 print(f"DONE rank {rank}", flush=True)

@@ -25,7 +25,6 @@ Parts, in one launch, each printing into this rank's one JSON line:
   the same error on every rank (caught here), and the job goes on.
 """
 
-import hashlib
 import json
 import os
 import sys
@@ -35,6 +34,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+from _common import binary_data, dense_bn_model, digest, emit, fit_in_order  # noqa: E402
 
 import keras_mpfp16 as kmp  # noqa: E402
 from keras_mpfp16.runtime.supervision import atomic_files  # noqa: E402
@@ -59,32 +59,10 @@ if rank == 0:
     training_files.fsync_file = slow(training_files.fsync_file)  # backups
 
 rng = np.random.default_rng(5)
-x = rng.normal(size=(BATCH * STEPS * n, 6)).astype("float32")
-y = (x[:, 0] + 0.5 * x[:, 2] > 0).astype("float32")
+x, y = binary_data(rng, BATCH * STEPS * n, label=lambda x: x[:, 0] + 0.5 * x[:, 2])
 xs, ys = kmp.shard(x, y)
 
-keras.utils.set_random_seed(300 + rank)
-model = keras.Sequential(
-    [
-        keras.Input((6,)),
-        keras.layers.Dense(8),
-        keras.layers.BatchNormalization(),
-        keras.layers.Activation("relu"),
-        keras.layers.Dense(1, activation="sigmoid"),
-    ]
-)
-model.compile(
-    optimizer=kmp.DistributedOptimizer(keras.optimizers.SGD(0.05)),
-    loss="binary_crossentropy",
-    metrics=["accuracy"],
-)
-
-
-def digest(variables) -> str:
-    h = hashlib.sha256()
-    for v in variables:
-        h.update(np.ascontiguousarray(np.asarray(v)).tobytes())
-    return h.hexdigest()[:16]
+model = dense_bn_model(300 + rank, keras.optimizers.SGD(0.05))
 
 
 class Epochs(keras.callbacks.Callback):
@@ -140,15 +118,7 @@ for i, how in enumerate(("every rank", "rank 0 only", "root_only")):
             )
     else:
         callbacks += [kmp.callbacks.root_only(cb) for cb in made]
-    model.fit(
-        xs,
-        ys,
-        batch_size=BATCH,
-        epochs=EPOCHS,
-        shuffle=False,
-        verbose=0,
-        callbacks=callbacks,
-    )
+    fit_in_order(model, xs, ys, batch_size=BATCH, epochs=EPOCHS, callbacks=callbacks)
     right_after = read_files(*paths)
     kmp.barrier()
     time.sleep(0.2)
@@ -191,10 +161,9 @@ epochs = Epochs()
 callbacks = [epochs]
 if rank == 0:
     callbacks.append(keras.callbacks.BackupAndRestore(backup))
-model.fit(
-    xs, ys, batch_size=BATCH, epochs=EPOCHS + 2, shuffle=False, verbose=0,
-    callbacks=callbacks,
-)  # fmt: skip
+fit_in_order(
+    model, xs, ys, batch_size=BATCH, epochs=EPOCHS + 2,
+    callbacks=callbacks)  # fmt: skip
 record["resume"] = {
     "epochs": epochs.epochs,
     "model": digest(model.weights),
@@ -232,4 +201,4 @@ fit_expecting_error(
 # The job goes on as one model.
 model.fit(xs, ys, batch_size=BATCH, epochs=1, verbose=0)
 record["final"] = digest(model.weights)
-print(json.dumps(record), flush=True)
+emit(record)

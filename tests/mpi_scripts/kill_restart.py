@@ -14,8 +14,6 @@ rank: the epochs run, their logs, a digest of every model and optimizer
 variable, and what is on disk.
 """
 
-import hashlib
-import json
 import os
 import signal
 import sys
@@ -24,6 +22,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+from _common import (  # noqa: E402
+    binary_data,
+    dense_bn_model,
+    emit,
+    fit_in_order,
+    run_record,
+)
 
 import keras_mpfp16 as kmp  # noqa: E402
 from keras_mpfp16.runtime.supervision import (  # noqa: E402
@@ -37,26 +42,10 @@ run_dir = os.path.join(out_dir, "full" if mode == "full" else "run")
 os.makedirs(run_dir, exist_ok=True)
 
 rng = np.random.default_rng(5)
-x = rng.normal(size=(24 * n + 3, 6)).astype("float32")
-y = (x[:, 0] - x[:, 3] > 0).astype("float32")
-xv = rng.normal(size=(19, 6)).astype("float32")
-yv = (xv[:, 0] - xv[:, 3] > 0).astype("float32")
+x, y = binary_data(rng, 24 * n + 3)
+xv, yv = binary_data(rng, 19)
 
-keras.utils.set_random_seed(77 + rank)
-model = keras.Sequential(
-    [
-        keras.Input((6,)),
-        keras.layers.Dense(8),
-        keras.layers.BatchNormalization(),
-        keras.layers.Activation("relu"),
-        keras.layers.Dense(1, activation="sigmoid"),
-    ]
-)
-model.compile(
-    optimizer=kmp.DistributedOptimizer(keras.optimizers.Adam(0.02)),
-    loss="binary_crossentropy",
-    metrics=["accuracy"],
-)
+model = dense_bn_model(77 + rank, keras.optimizers.Adam(0.02))
 
 
 class Epochs(keras.callbacks.Callback):
@@ -79,12 +68,11 @@ if mode == "killed" and rank == 0:
     checkpoint_module.fsync_file = fsync_then_die
 
 ckpt = os.path.join(run_dir, "last.keras")
-hist = model.fit(
+hist = fit_in_order(
+    model,
     *kmp.shard(x, y),
     batch_size=8,
     epochs=EPOCHS,
-    shuffle=False,
-    verbose=0,
     validation_data=(xv, yv),
     callbacks=[
         Epochs(),
@@ -92,18 +80,4 @@ hist = model.fit(
         keras.callbacks.BackupAndRestore(os.path.join(run_dir, "backup")),
     ],
 )
-h = hashlib.sha256()
-for v in list(model.variables) + list(model.optimizer.variables):
-    h.update(np.ascontiguousarray(np.asarray(v)).tobytes())
-print(
-    json.dumps(
-        {
-            "rank": rank,
-            "epochs_run": Epochs.seen,
-            "history": hist.history,
-            "digest": h.hexdigest()[:16],
-            "iterations": int(model.optimizer.iterations.numpy()),
-        }
-    ),
-    flush=True,
-)
+emit(run_record(model, hist, Epochs.seen))

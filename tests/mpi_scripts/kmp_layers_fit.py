@@ -13,7 +13,6 @@ and optimizer variable (must be equal on all ranks; for (b) the trainable
 ones: the lane states are per rank by design).
 """
 
-import hashlib
 import json
 import os
 
@@ -21,18 +20,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+from _common import digest, state_digest  # noqa: E402
 
 import keras_mpfp16 as kmp  # noqa: E402
 from keras_mpfp16.layers import GRU, LSTM, LaneBatcher, reset_lanes  # noqa: E402
 
 rank, n = kmp.rank(), kmp.size()
-
-
-def digest(values) -> str:
-    h = hashlib.sha256()
-    for v in values:
-        h.update(np.ascontiguousarray(np.asarray(v)).tobytes())
-    return h.hexdigest()[:16]
 
 
 def reviews(seed, count, vocab=60, maxlen=12):
@@ -92,7 +85,7 @@ for policy in ("float32", "mixed_float16", "mixed_bfloat16"):
         )
     out[policy] = {
         "finite": bool(np.all(np.isfinite(losses))),
-        "digest": digest(list(model.variables) + list(model.optimizer.variables)),
+        "digest": state_digest(model),
         "lanes_digest": digest(lanes.trainable_variables),
         "val_accuracy": hist.history["val_accuracy"],
     }

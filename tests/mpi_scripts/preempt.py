@@ -18,8 +18,6 @@ model and optimizer variable. A preempted rank prints a JSON line with the
 `Preempted` exception's fields and exits with its status.
 """
 
-import hashlib
-import json
 import os
 import sys
 import time
@@ -28,6 +26,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+from _common import (  # noqa: E402
+    binary_data,
+    dense_bn_model,
+    emit,
+    fit_in_order,
+    run_record,
+)
 
 import keras_mpfp16 as kmp  # noqa: E402
 
@@ -38,27 +43,12 @@ EPOCHS, BATCH, STEPS = 3, 4, 20
 MARK_EPOCH, MARK_STEP = 1, 5
 
 rng = np.random.default_rng(11)
-x = rng.normal(size=(BATCH * STEPS * n, 6)).astype("float32")
-y = (x[:, 0] - x[:, 3] > 0).astype("float32")
-xv = rng.normal(size=(17, 6)).astype("float32")
-yv = (xv[:, 0] - xv[:, 3] > 0).astype("float32")
+x, y = binary_data(rng, BATCH * STEPS * n)
+xv, yv = binary_data(rng, 17)
 
-keras.utils.set_random_seed(100 + rank)
-model = keras.Sequential(
-    [
-        keras.Input((6,)),
-        keras.layers.Dense(8),
-        keras.layers.BatchNormalization(),
-        keras.layers.Activation("relu"),
-        keras.layers.Dense(1, activation="sigmoid"),
-    ]
-)
-model.compile(
-    optimizer=kmp.DistributedOptimizer(
-        keras.optimizers.SGD(0.05) if variant == "sgd" else keras.optimizers.Adam(0.01)
-    ),
-    loss="binary_crossentropy",
-    metrics=["accuracy"],
+model = dense_bn_model(
+    100 + rank,
+    keras.optimizers.SGD(0.05) if variant == "sgd" else keras.optimizers.Adam(0.01),
 )
 
 
@@ -99,59 +89,47 @@ elif backup == "horovod" and rank == 0:  # a script ported from Horovod
     )
     callbacks.append(keras.callbacks.BackupAndRestore(os.path.join(out_dir, "backup")))
 try:
-    hist = model.fit(
+    hist = fit_in_order(
+        model,
         *kmp.shard(x, y),
         batch_size=BATCH,
         epochs=EPOCHS,
-        shuffle=False,
-        verbose=0,
         validation_data=(xv, yv),
         callbacks=callbacks,
     )
 except kmp.Preempted as exc:
-    print(
-        json.dumps(
-            {
-                "rank": rank,
-                "preempted": True,
-                "signal": exc.signal,
-                "epoch": exc.epoch,
-                "steps_done": exc.steps_done,
-                "backup_dir": exc.backup_dir,
-                "code": exc.code,
-                "t_exit": time.time(),
-            }
-        ),
-        flush=True,
-    )
-    raise
-h = hashlib.sha256()
-for v in list(model.variables) + list(model.optimizer.variables):
-    h.update(np.ascontiguousarray(np.asarray(v)).tobytes())
-print(
-    json.dumps(
+    emit(
         {
             "rank": rank,
-            "epochs_run": Steps.epochs,
-            "first_step": Steps.first_step,
-            "history": hist.history,
-            "digest": h.hexdigest()[:16],
-            "iterations": int(model.optimizer.iterations.numpy()),
-            # Horovod's habit: rank 0's last checkpoint, loaded on every rank
-            # right after fit, is the model fit ended with.
-            "checkpoint_is_model": (
-                backup != "horovod"
-                or all(
-                    np.array_equal(np.asarray(a), np.asarray(b))
-                    for a, b in zip(
-                        keras.models.load_model(
-                            os.path.join(out_dir, "checkpoint.keras")
-                        ).weights,
-                        model.weights,
-                    )
-                )
-            ),
+            "preempted": True,
+            "signal": exc.signal,
+            "epoch": exc.epoch,
+            "steps_done": exc.steps_done,
+            "backup_dir": exc.backup_dir,
+            "code": exc.code,
+            "t_exit": time.time(),
         }
-    ),
-    flush=True,
+    )
+    raise
+emit(
+    run_record(
+        model,
+        hist,
+        Steps.epochs,
+        first_step=Steps.first_step,
+        # Horovod's habit: rank 0's last checkpoint, loaded on every rank
+        # right after fit, is the model fit ended with.
+        checkpoint_is_model=(
+            backup != "horovod"
+            or all(
+                np.array_equal(np.asarray(a), np.asarray(b))
+                for a, b in zip(
+                    keras.models.load_model(
+                        os.path.join(out_dir, "checkpoint.keras")
+                    ).weights,
+                    model.weights,
+                )
+            )
+        ),
+    )
 )

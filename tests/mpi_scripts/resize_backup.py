@@ -19,7 +19,6 @@ of that step, the optimizer's
 iterations, the history.
 """
 
-import json
 import os
 import signal
 import sys
@@ -27,9 +26,16 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import h5py  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+from _common import (  # noqa: E402
+    backup_position,
+    binary_data,
+    dense_bn_model,
+    emit,
+    fit_in_order,
+    h5_datasets,
+)
 
 import keras_mpfp16 as kmp  # noqa: E402
 
@@ -40,43 +46,16 @@ KILL_FROM = (1, 5)  # (epoch index, batch): see Steps.on_train_batch_end
 LAST_KILL_STEP = 15
 
 rng = np.random.default_rng(11)
-x = rng.normal(size=(ROWS, 6)).astype("float32")
-y = (x[:, 0] - x[:, 3] > 0).astype("float32")
+x, y = binary_data(rng, ROWS)
 backup_dir = os.path.join(out_dir, "backup")
 
 
-def datasets(path):
-    found = {}
-    with h5py.File(path, "r") as f:
-        f.visititems(
-            lambda name, obj: (
-                found.__setitem__(name, np.array(obj))
-                if isinstance(obj, h5py.Dataset)
-                else None
-            )
-        )
-    return found
-
-
-keras.utils.set_random_seed(100 + rank)  # ranks differ: rank 0's model wins
-model = keras.Sequential(
-    [
-        keras.Input((6,)),
-        keras.layers.Dense(8),
-        keras.layers.BatchNormalization(),
-        keras.layers.Activation("relu"),
-        keras.layers.Dense(1, activation="sigmoid"),
-    ]
-)
-model.compile(
-    optimizer=kmp.DistributedOptimizer(keras.optimizers.Adam(0.01)),
-    loss="binary_crossentropy",
-    metrics=["accuracy"],
-)
+# Ranks seeded differently: rank 0's model wins.
+model = dense_bn_model(100 + rank, keras.optimizers.Adam(0.01))
 
 saved = None
 if mode == "resume":
-    saved = datasets(os.path.join(backup_dir, "latest.weights.h5"))
+    saved = h5_datasets(os.path.join(backup_dir, "latest.weights.h5"))
 
 
 class Steps(keras.callbacks.Callback):
@@ -97,7 +76,7 @@ class Steps(keras.callbacks.Callback):
         if saved is not None:
             path = os.path.join(out_dir, f"first-{rank}.weights.h5")
             self.model.save_weights(path)
-            now = datasets(path)
+            now = h5_datasets(path)
             Steps.restored_equal = sorted(now) == sorted(saved) and all(
                 np.array_equal(now[k], saved[k]) for k in saved
             )
@@ -117,7 +96,7 @@ class Steps(keras.callbacks.Callback):
         last = Steps.at[1] >= LAST_KILL_STEP
         deadline = time.monotonic() + (120 if last else 0.5)
         while True:
-            if backup_at() >= (1, 5):
+            if backup_position(backup_dir) >= (1, 5):
                 os.kill(os.getpid(), signal.SIGKILL)
             if time.monotonic() > deadline:
                 break
@@ -126,39 +105,25 @@ class Steps(keras.callbacks.Callback):
             raise RuntimeError(f"no backup of epoch 2, step >= 5 by {Steps.at}")
 
 
-def backup_at():
-    """(epoch, steps_done) of the backup on disk; (-1, -1) for none."""
-    try:
-        with open(os.path.join(backup_dir, "training_metadata.json")) as f:
-            done = json.load(f)["keras_mpfp16"]
-        return (done["epoch"], done["steps_done"])
-    except (OSError, ValueError, KeyError):
-        return (-1, -1)
-
-
-hist = model.fit(
+hist = fit_in_order(
+    model,
     *kmp.shard(x, y),
     batch_size=BATCH,
     epochs=EPOCHS,
-    shuffle=False,
-    verbose=0,
     callbacks=[
         Steps(),
         kmp.callbacks.LearningRateScaler(rule="linear", warmup_epochs=WARMUP),
         keras.callbacks.BackupAndRestore(backup_dir, save_freq=FREQ),
     ],
 )
-print(
-    json.dumps(
-        {
-            "rank": rank,
-            "epochs_run": Steps.epochs,
-            "first_step": Steps.first_step,
-            "restored_equal": Steps.restored_equal,
-            "first_rate": Steps.first_rate,
-            "iterations": int(model.optimizer.iterations.numpy()),
-            "history": {k: [float(v) for v in vs] for k, vs in hist.history.items()},
-        }
-    ),
-    flush=True,
+emit(
+    {
+        "rank": rank,
+        "epochs_run": Steps.epochs,
+        "first_step": Steps.first_step,
+        "restored_equal": Steps.restored_equal,
+        "first_rate": Steps.first_rate,
+        "iterations": int(model.optimizer.iterations.numpy()),
+        "history": {k: [float(v) for v in vs] for k, vs in hist.history.items()},
+    }
 )

@@ -12,7 +12,6 @@ Prints one JSON line per rank: {"rank", "max_rel_diff", "moved"} (rank 0
 compares).
 """
 
-import json
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -20,6 +19,7 @@ os.environ["KERAS_MPFP16_SPARSE_GRADIENTS"] = "sparse"
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+from _common import against_one_process, emit  # noqa: E402
 
 import keras_mpfp16 as kmp  # noqa: E402
 
@@ -48,24 +48,12 @@ mine = [k * n + rank for k in range(steps)]
 xr = x.reshape(steps * n, b, T)[mine].reshape(-1, T)
 yr = y.reshape(steps * n, b, 1)[mine].reshape(-1, 1)
 
-model = build()
-initial = model.get_weights()
-model.compile(
-    optimizer=kmp.DistributedOptimizer(keras.optimizers.Adam(0.05)), loss="mse"
+result = against_one_process(
+    build,
+    lambda: keras.optimizers.Adam(0.05),
+    (xr, yr),
+    (x, y),
+    batch=b,
+    global_batch=n * b,
 )
-model.fit(xr, yr, batch_size=b, epochs=2, shuffle=False, verbose=0)
-distributed = model.get_weights()
-
-result = {"rank": rank}
-if rank == 0:
-    ref = build()
-    ref.set_weights(initial)
-    ref.compile(optimizer=keras.optimizers.Adam(0.05), loss="mse")
-    ref.fit(x, y, batch_size=n * b, epochs=2, shuffle=False, verbose=0)
-    diffs = [
-        float(np.max(np.abs(a - r)) / (np.max(np.abs(r)) + 1e-12))
-        for a, r in zip(distributed, ref.get_weights())
-    ]
-    moved = max(float(np.max(np.abs(a - i))) for a, i in zip(distributed, initial))
-    result.update({"max_rel_diff": max(diffs), "moved": moved})
-print(json.dumps(result), flush=True)
+emit(result)

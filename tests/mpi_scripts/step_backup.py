@@ -9,10 +9,15 @@ background, a rank 0 killed in the middle of one, and the resume.
 - MODE `killed`: the same script, but on rank 0 the background write of the
   backup due at epoch 2 (index 1), step 10 blocks after the weights file is
   written (a stand-in for a slow disk: the write is in progress, nothing
-  renamed yet). Training goes on meanwhile; from step 13 on, at the first
-  step end that finds that write in flight, rank 0 SIGKILLs itself,
-  mid-write. Before that it prints a JSON line: the steps
-  run while the write was in flight.
+  renamed yet). Up to that backup, rank 0 starts each step a backup falls
+  due at only once the previous backup's write thread has ended, so every
+  due backup is taken at its own step, whatever the load (no deferral:
+  the backups are at steps 5, 10, 15, 20 of epoch 1 and 5, 10 of epoch 2).
+  Training goes on while the blocked write is in flight; at the end of
+  step 13 rank 0 waits until the writer has reached the block (the weights
+  file written, nothing renamed: the library's own event, no clock), prints
+  a JSON line (the steps run after the blocked backup was taken) and
+  SIGKILLs itself, mid-write.
 - MODE `resume`: the same script run normally again (resumes from the
   backup the kill left).
 - MODE `sigkill`: the last rank, on the first launch only (no
@@ -41,7 +46,6 @@ Prints one JSON line per rank after `fit`: the epochs run, the first step,
 the history, a digest of every model and optimizer variable.
 """
 
-import hashlib
 import json
 import os
 import signal
@@ -54,6 +58,15 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+from _common import (  # noqa: E402
+    backup_position,
+    binary_data,
+    dense_bn_model,
+    emit,
+    fit_in_order,
+    h5_datasets,
+    run_record,
+)
 
 import keras_mpfp16 as kmp  # noqa: E402
 from keras_mpfp16.internals import keras as keras_internals  # noqa: E402
@@ -63,6 +76,7 @@ rank, n = kmp.rank(), kmp.size()
 EPOCHS, BATCH, STEPS, FREQ = 3, 4, 20, 5
 BLOCKED = (1, 9)  # the backup due at the end of this (epoch, batch) blocks
 KILL_AT = (1, 12)
+WRITER = "keras_mpfp16-backup-write"  # the library's backup-write thread
 PREEMPT_AT = (2, 7)  # `slurm` mode, launch 2
 launch = 0
 if mode == "slurm":
@@ -71,37 +85,11 @@ if mode == "slurm":
         launch = 3
 
 rng = np.random.default_rng(11)
-x = rng.normal(size=(BATCH * STEPS * n, 6)).astype("float32")
-y = (x[:, 0] - x[:, 3] > 0).astype("float32")
+x, y = binary_data(rng, BATCH * STEPS * n)
 
 
-def build(seed):
-    keras.utils.set_random_seed(seed)
-    model = keras.Sequential(
-        [
-            keras.Input((6,)),
-            keras.layers.Dense(8),
-            keras.layers.BatchNormalization(),
-            keras.layers.Activation("relu"),
-            keras.layers.Dense(1, activation="sigmoid"),
-        ]
-    )
-    model.compile(
-        optimizer=kmp.DistributedOptimizer(keras.optimizers.Adam(0.01)),
-        loss="binary_crossentropy",
-        metrics=["accuracy"],
-    )
-    return model
-
-
-def digest(model):
-    h = hashlib.sha256()
-    for v in list(model.variables) + list(model.optimizer.variables):
-        h.update(np.ascontiguousarray(np.asarray(v)).tobytes())
-    return h.hexdigest()[:16]
-
-
-model = build(100 + rank)  # ranks seeded differently: rank 0's model wins
+# Ranks seeded differently: rank 0's model wins.
+model = dense_bn_model(100 + rank, keras.optimizers.Adam(0.01))
 if mode == "full" and rank == 0:
     os.makedirs(os.path.join(out_dir, "ref"), exist_ok=True)
 in_write = threading.Event()
@@ -118,12 +106,20 @@ if mode == "killed" and rank == 0:
 
     def slow_write(copy, path):
         real_write(copy, path)
-        # The first backup taken at or after BLOCKED (under load a due
-        # backup may be taken a few steps late: one write at a time).
+        # The backup taken at BLOCKED (or, were one deferred after all, the
+        # first one after it: the test checks which).
         if not Steps.blocked_at and taken_at.get(id(copy), (0, 0)) >= BLOCKED:
             Steps.blocked_at = list(taken_at[id(copy)])
             in_write.set()
             threading.Event().wait(600)  # "the disk": never finishes
+
+    def join_backup_writes():
+        """Returns when no backup write thread runs (its write swapped in)."""
+        for thread in threading.enumerate():
+            if thread.name == WRITER and thread is not threading.current_thread():
+                thread.join(300)
+                if thread.is_alive():
+                    raise RuntimeError("a backup write did not end in 300 s")
 
     keras_internals.snapshot_weights = snapshot
     keras_internals.write_weights_snapshot = slow_write
@@ -143,13 +139,20 @@ class Steps(keras.callbacks.Callback):
         if Steps.first_step is None:
             Steps.first_step = batch
             if mode == "slurm":
-                start = {
-                    "rank": rank,
-                    "launch": launch,
-                    "start": [Steps.epochs[-1], batch],
-                }
-                print(json.dumps(start), flush=True)
+                emit(
+                    {"rank": rank, "launch": launch, "start": [Steps.epochs[-1], batch]}
+                )
         Steps.at = (Steps.epochs[-1], batch)
+        if (
+            mode == "killed"
+            and rank == 0
+            and Steps.at <= BLOCKED
+            and (batch + 1) % FREQ == 0
+        ):
+            # A backup falls due at this step's end: let the previous write
+            # end first, so it is taken here and not deferred (one write at
+            # a time). Rank 1 waits in the step's collective meanwhile.
+            join_backup_writes()
 
     def on_train_batch_end(self, batch, logs=None):
         if mode == "sigkill":
@@ -163,30 +166,22 @@ class Steps(keras.callbacks.Callback):
             self.model.save_weights(ref)
         if mode != "killed" or rank != 0:
             return
-        if in_write.is_set():
+        if Steps.at > BLOCKED:  # after the blocked backup was taken
             Steps.during_write.append(batch)
-        # From KILL_AT on, SIGKILL at the first step end that finds the
-        # blocked write in flight. Under load the due backup can be taken a
-        # few steps late (one write at a time), so do not wait at KILL_AT
-        # itself: the snapshot is taken at a step end, which waiting here
-        # would hold back. Only the epoch's last step waits (its end-of-epoch
-        # backup would wait for the blocked write forever).
         if Steps.at >= KILL_AT:
-            last = Steps.at[1] >= STEPS - 1
-            if not in_write.is_set() and not last:
-                return
-            if not in_write.wait(60):
+            # The blocked backup was taken at BLOCKED's end (its step began
+            # after the previous write ended); its write thread runs apart
+            # from the steps, so waiting here holds nothing back. Wait until
+            # it has reached the block: mid-write, weights file on disk.
+            if not in_write.wait(300):
                 raise RuntimeError("the blocked backup write never started")
-            print(
-                json.dumps(
-                    {
-                        "rank": 0,
-                        "killing": True,
-                        "steps": Steps.during_write,
-                        "blocked_at": Steps.blocked_at,
-                    }
-                ),
-                flush=True,
+            emit(
+                {
+                    "rank": 0,
+                    "killing": True,
+                    "steps": Steps.during_write,
+                    "blocked_at": Steps.blocked_at,
+                }
             )
             os.kill(os.getpid(), signal.SIGKILL)
 
@@ -235,12 +230,7 @@ class Steps(keras.callbacks.Callback):
 def backup_on_disk(at_least):
     """Whether rank 0's newest backup on disk is at (epoch, steps done)
     `at_least` or later."""
-    try:
-        with open(os.path.join(backup_dir, "training_metadata.json")) as f:
-            done = json.load(f)["keras_mpfp16"]
-        return (done["epoch"], done["steps_done"]) >= at_least
-    except (OSError, ValueError, KeyError):
-        return False
+    return backup_position(backup_dir) >= at_least
 
 
 backup_dir = os.path.join(out_dir, "backup")
@@ -251,47 +241,20 @@ callbacks = [
     ),
 ]
 try:
-    hist = model.fit(
-        *kmp.shard(x, y),
-        batch_size=BATCH,
-        epochs=EPOCHS,
-        shuffle=False,
-        verbose=0,
-        callbacks=callbacks,
+    hist = fit_in_order(
+        model, *kmp.shard(x, y), batch_size=BATCH, epochs=EPOCHS, callbacks=callbacks
     )
 except kmp.Preempted as exc:
-    stop = {"rank": rank, "launch": launch, "preempted": [exc.epoch, exc.steps_done]}
-    print(json.dumps(stop), flush=True)
+    emit({"rank": rank, "launch": launch, "preempted": [exc.epoch, exc.steps_done]})
     raise
-record = {
-    "rank": rank,
-    "epochs_run": Steps.epochs,
-    "first_step": Steps.first_step,
-    "history": hist.history,
-    "digest": digest(model),
-    "iterations": int(model.optimizer.iterations.numpy()),
-}
+record = run_record(model, hist, Steps.epochs, first_step=Steps.first_step)
 if mode == "full" and rank == 0:
-    import h5py
-
     with open(os.path.join(backup_dir, "training_metadata.json")) as f:
         at = json.load(f)["keras_mpfp16"]
     final = os.path.join(out_dir, "ref", f"{at['epoch']}-{at['steps_done']}.weights.h5")
 
-    def datasets(path):
-        found = {}
-        with h5py.File(path, "r") as f:
-            f.visititems(
-                lambda name, obj: (
-                    found.__setitem__(name, np.array(obj))
-                    if isinstance(obj, h5py.Dataset)
-                    else None
-                )
-            )
-        return found
-
-    got = datasets(os.path.join(backup_dir, "latest.weights.h5"))
-    want = datasets(final)
+    got = h5_datasets(os.path.join(backup_dir, "latest.weights.h5"))
+    want = h5_datasets(final)
     with open(os.path.join(backup_dir, "training_metadata.json")) as f:
         record["backup"] = {
             "datasets": len(want),
@@ -300,4 +263,4 @@ if mode == "full" and rank == 0:
             "metadata": json.load(f),
             "files": sorted(os.listdir(out_dir)),
         }
-print(json.dumps(record), flush=True)
+emit(record)

@@ -32,8 +32,8 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
-import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from _common import CountTestBatches, digest  # noqa: E402
 
 import keras_mpfp16 as kmp  # noqa: E402  (line 1)
 
@@ -89,24 +89,6 @@ def make_model():
     return keras.Model(inputs, outputs)
 
 
-def digest(weights) -> str:
-    h = hashlib.sha256()
-    for w in weights:
-        h.update(np.ascontiguousarray(np.asarray(w)).tobytes())
-    return h.hexdigest()[:16]
-
-
-class CountBatches(keras.callbacks.Callback):
-    """How many test batches this rank scored (split: about 1/N of them)."""
-
-    def __init__(self):
-        super().__init__()
-        self.batches = 0
-
-    def on_test_batch_end(self, batch, logs=None):
-        self.batches += 1
-
-
 model = make_model()
 model.compile(
     loss="binary_crossentropy",
@@ -121,7 +103,7 @@ fitted = digest(model.weights)
 
 model = keras.models.load_model("best_model.keras")
 loaded_right_after = digest(model.weights)
-counter = CountBatches()
+counter = CountTestBatches()
 test_loss, test_acc = model.evaluate(test_ds, callbacks=[counter])
 kmp.print_once("Test accuracy", test_acc)
 
@@ -135,7 +117,7 @@ end_to_end_model.compile(
     optimizer=kmp.DistributedOptimizer("adam"),
     metrics=["accuracy"],
 )
-e2e_counter = CountBatches()
+e2e_counter = CountTestBatches()
 e2e_loss, e2e_acc = end_to_end_model.evaluate(raw_test_ds, callbacks=[e2e_counter])
 kmp.print_once("End-to-end test accuracy", e2e_acc)
 

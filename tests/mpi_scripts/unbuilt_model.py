@@ -15,7 +15,6 @@ concatenated batches) and for bitwise-identical state on every rank:
 Prints one JSON line per rank and part.
 """
 
-import hashlib
 import json
 import os
 import warnings
@@ -25,6 +24,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from _common import fit_in_order, state_digest  # noqa: E402
 
 import keras_mpfp16 as kmp  # noqa: E402
 from keras_mpfp16.internals import keras as keras_internals  # noqa: E402
@@ -32,13 +32,6 @@ from keras_mpfp16.internals import keras as keras_internals  # noqa: E402
 rank, n = kmp.rank(), kmp.size()
 B = 4  # per-rank batch
 STEPS = 4  # per epoch
-
-
-def digest(model) -> str:
-    h = hashlib.sha256()
-    for v in list(model.variables) + list(model.optimizer.variables):
-        h.update(np.ascontiguousarray(np.asarray(v)).tobytes())
-    return h.hexdigest()[:16]
 
 
 def emit(**record):
@@ -106,13 +99,7 @@ def run(part, make, data_for_rank, optimizer):
     model.compile(optimizer=kmp.DistributedOptimizer(optimizer()), loss="mse")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        hist = model.fit(
-            **data_for_rank(),
-            epochs=2,
-            shuffle=False,
-            verbose=0,
-            callbacks=[seen],
-        )
+        hist = fit_in_order(model, **data_for_rank(), epochs=2, callbacks=[seen])
     # One process: rank 0's initial weights, the concatenated batches.
     root_initial = kmp.broadcast(seen.weights) if seen.built else None
     ref = make()
@@ -121,7 +108,7 @@ def run(part, make, data_for_rank, optimizer):
     if root_initial is not None:
         ref.set_weights(root_initial)
         ref.compile(optimizer=optimizer(), loss="mse")
-        ref.fit(x, y, batch_size=n * B, epochs=2, shuffle=False, verbose=0)
+        fit_in_order(ref, x, y, batch_size=n * B, epochs=2)
         ref_diff = max(
             float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
             for a, b in zip(model.get_weights(), ref.get_weights())
@@ -136,7 +123,7 @@ def run(part, make, data_for_rank, optimizer):
             )
         ),
         ref_diff=ref_diff,
-        digest=digest(model),
+        digest=state_digest(model),
         loss=hist.history["loss"],
         deferred_warning=any(
             "synced inside the first" in str(w.message) for w in caught

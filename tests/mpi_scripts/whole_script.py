@@ -20,7 +20,6 @@ Each part prints one JSON line per rank; the test compares.
   and runs evaluate and predict while the others wait in a barrier.
 """
 
-import hashlib
 import json
 import os
 import sys
@@ -29,22 +28,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+from _common import Batches, fit_in_order, state_digest  # noqa: E402
 
 import keras_mpfp16 as kmp  # noqa: E402
 
 out_dir, part = sys.argv[1], sys.argv[2]
 rank, n = kmp.rank(), kmp.size()
-
-
-def digest(variables) -> str:
-    h = hashlib.sha256()
-    for v in variables:
-        h.update(np.ascontiguousarray(np.asarray(v)).tobytes())
-    return h.hexdigest()[:16]
-
-
-def every_variable(model):
-    return list(model.variables) + list(model.optimizer.variables)
 
 
 def data(seed, rows, features=6):
@@ -84,11 +73,11 @@ if part == "replica":
         loss="binary_crossentropy",
     )
     xs, ys = kmp.shard(x, y, batch_size=b)
-    model.fit(xs, ys, batch_size=b, epochs=1, shuffle=False, verbose=0)
+    fit_in_order(model, xs, ys, batch_size=b, epochs=1)
     ref = dense_model()
     ref.set_weights(root_initial)
     ref.compile(optimizer=keras.optimizers.SGD(0.5), loss="binary_crossentropy")
-    ref.fit(x, y, batch_size=n * b, epochs=1, shuffle=False, verbose=0)
+    fit_in_order(ref, x, y, batch_size=n * b, epochs=1)
     first_update_diff = max(
         float(np.max(np.abs(a - b)))
         for a, b in zip(model.get_weights(), ref.get_weights())
@@ -140,7 +129,7 @@ if part == "replica":
                 "stopped_epoch": early.stopped_epoch,
                 "lrs": [float(v) for v in hist.history["learning_rate"]],
                 "val_loss": hist.history["val_loss"],
-                "digest": digest(every_variable(model)),
+                "digest": state_digest(model),
                 "moving_mean": np.asarray(bn.moving_mean).tolist(),
             }
         )
@@ -238,13 +227,12 @@ elif part == "logs":
             os.path.join(out_dir, "backup"), delete_checkpoint=False
         ),
     ]
-    hist = model.fit(
+    hist = fit_in_order(
+        model,
         xs,
         ys,
         batch_size=b,
         epochs=3,
-        shuffle=False,
-        verbose=0,
         validation_data=(xv, yv, wv),
         callbacks=callbacks,
     )
@@ -257,13 +245,12 @@ elif part == "logs":
     ref.set_weights(root_initial)
     compile_(ref, keras.optimizers.SGD(0.2))
     kept = len(xs) * n
-    ref_hist = ref.fit(
+    ref_hist = fit_in_order(
+        ref,
         x[:kept],
         y[:kept],
         batch_size=n * b,
         epochs=3,
-        shuffle=False,
-        verbose=0,
         validation_data=(xv, yv, wv),
     )
     ref_eval = ref.evaluate(xv, yv, sample_weight=wv, verbose=0, return_dict=True)
@@ -304,18 +291,6 @@ elif part == "inputs":
     x, y = data(8, 24 * n)
     xv, yv = data(9, 31)
 
-    class Batches(keras.utils.PyDataset):
-        def __init__(self, xs, ys, batch):
-            super().__init__()
-            self.xs, self.ys, self.batch = xs, ys, batch
-
-        def __len__(self):
-            return -(-len(self.xs) // self.batch)
-
-        def __getitem__(self, i):
-            sl = slice(i * self.batch, (i + 1) * self.batch)
-            return self.xs[sl], self.ys[sl]
-
     known = tf.data.Dataset.from_tensor_slices((xv, yv)).batch(4)
     unknown = known.filter(lambda a, b: True)  # cardinality unknown
     inputs = {
@@ -350,23 +325,9 @@ elif part == "inputs":
     results = {}
     xs, ys = kmp.shard(x, y, batch_size=4)
     for name, val in inputs.items():
-        hist = model.fit(
-            xs,
-            ys,
-            batch_size=4,
-            epochs=1,
-            shuffle=False,
-            verbose=0,
-            validation_data=val,
-        )
-        ref_hist = ref.fit(
-            x,
-            y,
-            batch_size=4 * n,
-            epochs=1,
-            shuffle=False,
-            verbose=0,
-            validation_data=(xv, yv),
+        hist = fit_in_order(model, xs, ys, batch_size=4, epochs=1, validation_data=val)
+        ref_hist = fit_in_order(
+            ref, x, y, batch_size=4 * n, epochs=1, validation_data=(xv, yv)
         )
         results[name] = {
             "fit": hist.history,
@@ -377,13 +338,12 @@ elif part == "inputs":
     # validation_split: each rank validates the tail of its own shard; the
     # logs describe the union of those tails.
     step_ckpt = os.path.join(out_dir, "every3.weights.h5")
-    hist = model.fit(
+    hist = fit_in_order(
+        model,
         xs,
         ys,
         batch_size=4,
         epochs=1,
-        shuffle=False,
-        verbose=0,
         validation_split=0.25,
         callbacks=[
             keras.callbacks.ModelCheckpoint(
@@ -451,12 +411,11 @@ elif part == "custom":
     model(x[:1])
     root_initial = kmp.broadcast([np.asarray(w) for w in model.get_weights()])
     model.compile(optimizer=kmp.DistributedOptimizer(keras.optimizers.SGD(0.1)))
-    hist = model.fit(
+    hist = fit_in_order(
+        model,
         *kmp.shard(x, y, batch_size=b),
         batch_size=b,
         epochs=2,
-        shuffle=False,
-        verbose=0,
         validation_data=(xv, yv),
     )
     ref = CustomModel()
@@ -465,20 +424,19 @@ elif part == "custom":
     ref.compile(optimizer=keras.optimizers.SGD(0.1))
     # The custom loss tracker averages batch means (weight 1 per batch): the
     # one process must validate with the same batches to be comparable.
-    ref_hist = ref.fit(
+    ref_hist = fit_in_order(
+        ref,
         x,
         y,
         batch_size=n * b,
         epochs=2,
-        shuffle=False,
-        verbose=0,
         validation_data=(xv, yv),
         validation_batch_size=b,
     )
     emit(
         history=hist.history,
         ref_history=ref_hist.history,
-        digest=digest(every_variable(model)),
+        digest=state_digest(model),
     )
 else:
     raise SystemExit(f"unknown part {part!r}")
