@@ -19,6 +19,17 @@ ROOT = Path(__file__).resolve().parent.parent
 KMP_LAUNCH = Path(sys.executable).parent / "kmp-launch"
 
 
+def python_m(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`python -m ARGS`, its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )
+
+
 def kmp_launch(*args: str) -> subprocess.CompletedProcess:
     assert KMP_LAUNCH.is_file(), f"{KMP_LAUNCH} missing: pip install -e . creates it"
     return subprocess.run(
@@ -46,12 +57,7 @@ def test_kmp_launch_help_prints_the_options_and_exits_0(flag):
 
 
 def test_module_form_help_names_itself():
-    out = subprocess.run(
-        [sys.executable, "-m", "keras_mpfp16.runtime.launch", "--help"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    out = python_m("keras_mpfp16.runtime.launch", "--help")
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.startswith("usage: python -m keras_mpfp16.runtime.launch ")
 
@@ -123,13 +129,7 @@ def test_kmp_launch_runs_the_command_after_its_options():
 
 
 def test_python_m_keras_mpfp16_help_lists_every_tool():
-    out = subprocess.run(
-        [sys.executable, "-m", "keras_mpfp16", "--help"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
-    )
+    out = python_m("keras_mpfp16", "--help", timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     from keras_mpfp16.__main__ import TOOLS
 

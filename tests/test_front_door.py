@@ -22,28 +22,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from package_tree import MODULES, ROOT, heavy_modules, imported_modules
 
-ROOT = Path(__file__).resolve().parent.parent
-PACKAGE = ROOT / "keras_mpfp16"
 FACADES = {"keras_mpfp16", "keras_mpfp16.runtime"}
 # The facades' own modules: the package's `__init__` and its names (`_api`),
 # the runtime's `__init__`.
 FACADE_MODULES = {"keras_mpfp16", "keras_mpfp16._api", "keras_mpfp16.runtime"}
-HEAVY = ("keras", "tensorflow", "mpi4py")
-
-
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts = parts[:-1]
-    return ".".join(parts)
-
-
-MODULES = {
-    _module_name(p): p
-    for p in sorted(PACKAGE.rglob("*.py"))
-    if "__pycache__" not in p.parts
-}
 
 
 def facade_imports(module: str, source: str) -> list[str]:
@@ -133,15 +117,19 @@ def run_python(code: str, env: dict | None = None, timeout: int = 300) -> list:
 def test_bootstrap_steps_are_named_and_ordered():
     from keras_mpfp16 import _bootstrap
 
-    assert [name for name, _ in _bootstrap.STEPS] == [
-        "root_stdout_only",
-        "thread_defaults",
-        "gpu_binding",
-        "seam_check",
-        "quiet_non_root_ranks",
-        "public_api",
-        "keras_patches",
-    ]
+    assert [name for name, _ in _bootstrap.STEPS] == ["root_stdout_only", *AFTER_IMPORT]
+
+
+# The steps run at the first trigger after `import keras_mpfp16`, in order
+# (`root_stdout_only` runs at the import line itself).
+AFTER_IMPORT = [
+    "thread_defaults",
+    "gpu_binding",
+    "seam_check",
+    "quiet_non_root_ranks",
+    "public_api",
+    "keras_patches",
+]
 
 
 STEP_RECORDER = """
@@ -174,14 +162,7 @@ def test_bootstrap_runs_each_step_once_in_order_at_the_first_keras_import():
     names = [name for name, _ in first]
     assert before == []
     # root_stdout_only ran at `import keras_mpfp16` itself (AT_IMPORT).
-    assert names == [
-        "thread_defaults",
-        "gpu_binding",
-        "seam_check",
-        "quiet_non_root_ranks",
-        "public_api",
-        "keras_patches",
-    ]
+    assert names == AFTER_IMPORT
     assert completed == ["root_stdout_only", *names] and calls == len(names)
     tf_loaded = dict(first)
     assert not tf_loaded["thread_defaults"] and not tf_loaded["gpu_binding"]
@@ -262,14 +243,9 @@ def test_command_line_help_imports_no_keras_tensorflow_or_mpi4py(command):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.startswith("usage:"), out.stdout[:200]
-    imported = {
-        line.rsplit("|", 1)[-1].strip()
-        for line in out.stderr.splitlines()
-        if line.startswith("import time:")
-    }
+    imported = imported_modules(out.stderr)
     assert "keras_mpfp16" in imported
-    heavy = sorted(m for m in imported if m.split(".")[0] in HEAVY)
-    assert not heavy, heavy
+    assert not heavy_modules(imported), heavy_modules(imported)
 
 
 SAVE_MODEL = """

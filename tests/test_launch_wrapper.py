@@ -15,6 +15,7 @@ import shutil
 import sys
 
 import pytest
+from package_tree import heavy_modules, imported_modules
 
 from keras_mpfp16.runtime.supervision import launch_wrapper
 
@@ -484,16 +485,9 @@ def test_kmp_launch_console_script_runs_the_wrapper(tmp_path):
         sys.executable, "-c", "raise SystemExit(3)", python_flags=("-X", "importtime")
     )
     assert out.returncode == 3, out.stderr[-2000:]  # the launcher's status
-    imported = {
-        line.rsplit("|", 1)[-1].strip()
-        for line in out.stderr.splitlines()
-        if line.startswith("import time:")
-    }
+    imported = imported_modules(out.stderr)
     assert "keras_mpfp16.runtime.supervision.launch_wrapper" in imported
-    heavy = sorted(
-        m for m in imported if m.split(".")[0] in {"keras", "tensorflow", "mpi4py"}
-    )
-    assert not heavy, heavy
+    assert not heavy_modules(imported), heavy_modules(imported)
 
     bad = kmp_launch("--max-restarts", "two", "true")
     assert bad.returncode != 0

@@ -19,11 +19,9 @@ higher layer, on an import circle between modules, and on a private name
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
 import pytest
-
-PACKAGE = Path(__file__).resolve().parent.parent / "keras_mpfp16"
+from package_tree import MODULES, PACKAGE
 
 # Lowest first. A module may import its own layer and those below it.
 LAYERS = [
@@ -47,20 +45,6 @@ LEVEL = {name: i for i, names in enumerate(LAYERS) for name in names}
 # (`__init__`, `progress`, the `launch` command).
 RUNTIME_LAYERS = ["process", "mpi", "trace", "supervision", ""]
 RUNTIME_LEVEL = {name: i for i, name in enumerate(RUNTIME_LAYERS)}
-
-
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts = parts[:-1]
-    return ".".join(parts)
-
-
-MODULES = {
-    _module_name(p): p
-    for p in sorted(PACKAGE.rglob("*.py"))
-    if "__pycache__" not in p.parts
-}
 
 
 def _layer(module: str) -> str:

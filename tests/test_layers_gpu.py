@@ -229,14 +229,20 @@ def test_keras_float32_layer_equals_our_loop_outputs_and_gradients(
 # -- TF32 ---------------------------------------------------------------------
 
 
-@pytest.fixture
-def tf32_gpu(monkeypatch):
-    """Rank 0 of a job on an Ampere GPU with TF32 on, the notice not yet given."""
-    monkeypatch.setattr(dispatch, "gpu_query", lambda: True)
+def seam_device(monkeypatch, *, gpu: bool) -> None:
+    """Rank 0 of a job, TF32 on, compute capability 8.0, on a GPU or not;
+    the notice not yet given."""
+    monkeypatch.setattr(dispatch, "gpu_query", lambda: gpu)
     monkeypatch.setattr(dispatch, "tf32_query", lambda: True)
     monkeypatch.setattr(dispatch, "capability_query", lambda: (8, 0))
     monkeypatch.setattr(dispatch, "rank_query", lambda: 0)
     monkeypatch.setattr(dispatch, "_tf32_noticed", False)
+
+
+@pytest.fixture
+def tf32_gpu(monkeypatch):
+    """Rank 0 of a job on an Ampere GPU with TF32 on, the notice not yet given."""
+    seam_device(monkeypatch, gpu=True)
 
 
 def test_tf32_notice_once_on_a_gpu_with_tf32(
@@ -298,11 +304,7 @@ def test_tf32_notice_asks_the_rank_without_mpi(monkeypatch):
 
 
 def test_no_tf32_notice_on_a_cpu(monkeypatch):
-    monkeypatch.setattr(dispatch, "gpu_query", lambda: False)
-    monkeypatch.setattr(dispatch, "tf32_query", lambda: True)
-    monkeypatch.setattr(dispatch, "capability_query", lambda: (8, 0))
-    monkeypatch.setattr(dispatch, "rank_query", lambda: 0)
-    monkeypatch.setattr(dispatch, "_tf32_noticed", False)
+    seam_device(monkeypatch, gpu=False)
     assert not dispatch.notice_tf32("loop", "float32", "float32")
 
 

@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 import pytest
+from package_tree import heavy_modules, imported_modules
 
 from keras_mpfp16.runtime.supervision import preemption
 
@@ -121,16 +122,9 @@ def test_launch_wrapper_starts_without_keras_tensorflow_or_mpi():
         timeout=120,
     )
     assert out.returncode == 3, out.stderr[-2000:]  # the launcher's status
-    imported = {
-        line.rsplit("|", 1)[-1].strip()
-        for line in out.stderr.splitlines()
-        if line.startswith("import time:")
-    }
+    imported = imported_modules(out.stderr)
     assert "keras_mpfp16.runtime.supervision.launch_wrapper" in imported
-    heavy = sorted(
-        m for m in imported if m.split(".")[0] in {"keras", "tensorflow", "mpi4py"}
-    )
-    assert not heavy, heavy
+    assert not heavy_modules(imported), heavy_modules(imported)
 
 
 def test_package_imported_for_the_launch_wrapper_loads_its_names_on_use():
