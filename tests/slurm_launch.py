@@ -22,6 +22,40 @@ from mpi_launch import SCRIPTS, MPIResult, run_job
 ROOT = Path(__file__).resolve().parent.parent
 UP, DOWN = ROOT / ".ci" / "slurm-up", ROOT / ".ci" / "slurm-down"
 
+EXAMPLES = ROOT / "examples" / "slurm"
+
+
+def adapted_sbatch(
+    name: str,
+    work: Path,
+    script: str,
+    train_args: str = "",
+    must_have: tuple[str, ...] = (),
+) -> Path:
+    """The documented batch script `examples/slurm/NAME`, adapted to this
+    machine in what it must be (the venv's path, no GPU request; the job's
+    size is set on the command line, which overrides `#SBATCH`), written to
+    `work` with `tests/mpi_scripts/SCRIPT` beside it as `train.py` (and the
+    scripts' shared module), `python train.py` given `train_args`.
+
+    Fails the test where the script no longer has the lines adapted, or one
+    of `must_have`, exactly once."""
+    text = (EXAMPLES / name).read_text()
+    for part in ("$HOME/kmp-venv", "--gpus-per-task=1", "python train.py", *must_have):
+        assert text.count(part) == 1, part
+    text = text.replace("$HOME/kmp-venv", str(Path(sys.executable).parent.parent))
+    if train_args:
+        text = text.replace("python train.py", f"python train.py {train_args}")
+    text = "\n".join(
+        line for line in text.splitlines() if "--gpus-per-task" not in line
+    )
+    job = work / name
+    job.write_text(text + "\n")
+    shutil.copy(SCRIPTS / script, work / "train.py")
+    shutil.copy(SCRIPTS / "_common.py", work)  # the scripts' shared module
+    return job
+
+
 # Extra environment for srun's tasks: none. (The wheel's PMIx notice under
 # srun is avoided by the library itself: runtime.launcher.prepare_mpi_environment.)
 SRUN_ENV: dict[str, str] = {}

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -34,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples" / "benchmarks"))
 from cluster import Cluster, available  # noqa: E402
 from slurm_cluster import SlurmNodes, why_not  # noqa: E402
+from slurm_launch import adapted_sbatch  # noqa: E402
 
 OK, WHY = available()
 REASON = WHY if not OK else why_not()
@@ -43,7 +43,6 @@ pytestmark = [
 ]
 # Names of their own (the other cluster tests use kmpt/10.78.7, kmpl/10.78.8).
 NAMES = dict(prefix="kmps", subnet="10.78.9", bridge="kmpsbr0")
-RESTART_SBATCH = ROOT / "examples" / "slurm" / "train_restart.sbatch"
 
 
 @pytest.fixture(scope="module")
@@ -142,17 +141,9 @@ def test_restart_recipe_leaves_a_cut_node_out_and_completes(slurm3, tmp_path):
     run_dir = slurm3.cluster.shared_dir("recipe")
     work = Path(run_dir) / "job"
     work.mkdir()
-    text = RESTART_SBATCH.read_text()
-    for part in ("$HOME/kmp-venv", "--gpus-per-task=1", "python train.py"):
-        assert text.count(part) == 1, part
-    text = text.replace("$HOME/kmp-venv", str(Path(sys.executable).parent.parent))
-    text = text.replace("python train.py", f"python train.py {run_dir}")
-    text = "\n".join(
-        line for line in text.splitlines() if "--gpus-per-task" not in line
+    job = adapted_sbatch(
+        "train_restart.sbatch", work, "cluster_restart.py", str(run_dir)
     )
-    job = work / "train_restart.sbatch"
-    job.write_text(text + "\n")
-    shutil.copy(SCRIPTS / "cluster_restart.py", work / "train.py")
     name = f"kmp-test-{uuid.uuid4().hex[:8]}"
     env = _env(slurm3)
     proc = subprocess.Popen(
