@@ -59,6 +59,7 @@ import re
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -102,7 +103,25 @@ def report_lost(message: str, hosts: list[str] | tuple[str, ...] = ()) -> None:
     token = env.get("LAUNCH_VERDICT") or ""
     if not token:
         return
-    line = verdict_line(token, message, hosts)
+    _write_line(verdict_line(token, message, hosts))
+
+
+def report_start(phase: str) -> None:
+    """From a rank, under the wrapper: its start-up reached `phase`
+    (`"boot"`: `init` is about to start MPI; `"up"`: MPI and the job's
+    services, heartbeats included, are running). One token line on
+    standard error, like a verdict, that the wrapper takes out: its
+    start-up watchdog names the hosts none of whose ranks booted when the
+    ranks are not all up in time. Does nothing when not run under the
+    wrapper."""
+    token = env.get("LAUNCH_VERDICT") or ""
+    if not token:
+        return
+    body = json.dumps({"start": phase, "host": socket.gethostname()})
+    _write_line(MARK + token.encode() + b" " + body.encode() + b"\n")
+
+
+def _write_line(line: bytes) -> None:
     try:
         sys.stderr.flush()
     except Exception:
@@ -136,6 +155,13 @@ class Verdict(NamedTuple):
     hosts: list[str]
 
 
+class Start(NamedTuple):
+    """A rank's start-up report (`report_start`): the phase and its host."""
+
+    phase: str
+    host: str
+
+
 class VerdictFilter:
     """Passes a launcher's output on, taking out the verdict lines that carry
     `token`.
@@ -146,7 +172,8 @@ class VerdictFilter:
     `finish()` the bytes still held at the end of the stream. Lines with
     the marker but another token, or that do not parse, are passed on
     unchanged and not acted on; they are counted in `refused`. Found
-    verdicts are appended to `verdicts`. Prefixes a launcher adds to each
+    verdicts are appended to `verdicts`, the ranks' start-up reports
+    (taken out too) to `starts`. Prefixes a launcher adds to each
     line (`--tag-output`'s `[1,2]<stderr>:`, `srun --label`'s `2: `) are
     allowed before the marker.
     """
@@ -154,6 +181,7 @@ class VerdictFilter:
     def __init__(self, token: str):
         self.token = token.encode()
         self.verdicts: list[Verdict] = []
+        self.starts: list[Start] = []
         self.refused = 0
         self._held = b""
         self._open = False  # part of the current line was already passed on
@@ -175,7 +203,10 @@ class VerdictFilter:
             if verdict is None:
                 out.append(line)
             else:  # pass on a launcher's prefix, if any, as a line of its own
-                self.verdicts.append(verdict)
+                if isinstance(verdict, Start):
+                    self.starts.append(verdict)
+                else:
+                    self.verdicts.append(verdict)
                 if self._open or at > 0:
                     out.append(line[:at] + b"\n")
             self._open = False
@@ -191,9 +222,9 @@ class VerdictFilter:
         held, self._held = self._held, b""
         return held
 
-    def _parse(self, line: bytes) -> tuple[Verdict | None, int]:
-        """`(the verdict, where its marker starts)`; `(None, -1)` for any
-        other line."""
+    def _parse(self, line: bytes) -> tuple[Verdict | Start | None, int]:
+        """`(the verdict or start-up report, where its marker starts)`;
+        `(None, -1)` for any other line."""
         at = line.find(MARK)
         if at < 0:
             return None, -1
@@ -204,6 +235,8 @@ class VerdictFilter:
             return None, -1
         try:
             fields = json.loads(body)
+            if "start" in fields:
+                return Start(str(fields["start"]), str(fields["host"])), at
             hosts = [str(h) for h in fields["lost"]]
             message = str(fields["message"])
         except (ValueError, KeyError, TypeError):
@@ -386,6 +419,36 @@ def without_hosts(argv: list[str], lost: list[str]) -> tuple[list[str], int]:
     return out, dropped
 
 
+def listed_hosts(argv: list[str]) -> list[str]:
+    """The host names of `argv`'s host lists (`--host`/`-H`/`-hosts`) and
+    host files, in order; empty when it names none."""
+    names = []
+    end = _options_end(argv)
+    for i, arg in enumerate(argv[: end - 1]):
+        if arg in _HOST_FLAGS:
+            names += [e.partition(":")[0] for e in argv[i + 1].split(",") if e]
+        elif arg in _HOSTFILE_FLAGS:
+            try:
+                with open(argv[i + 1]) as f:
+                    lines = f.read().splitlines()
+            except OSError:
+                continue
+            for line in lines:
+                words = line.split("#", 1)[0].split()
+                if words:
+                    names.append(words[0].partition(":")[0])
+    return list(dict.fromkeys(names))
+
+
+def _startup_timeout() -> float:
+    """Seconds from the first rank's start of MPI until every rank must be
+    up: twice the heartbeat timeout (0: heartbeats off, no watchdog)."""
+    try:
+        return 2 * float(env.get("HEARTBEAT_TIMEOUT"))
+    except (TypeError, ValueError):
+        return 0.0
+
+
 def _size(argv: list[str]) -> str:
     for i, arg in enumerate(argv[:-1]):
         if arg in _NP_FLAGS:
@@ -535,11 +598,45 @@ def _run_once(argv: list[str], grace: float) -> tuple[int, list[Verdict], str]:
 
     forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
     previous = {sig: signal.signal(sig, forward) for sig in forwarded}
+    # The start-up watchdog: a node lost before the ranks are up (during
+    # MPI_Init or before the heartbeats run) leaves the others waiting in
+    # MPI_Init forever, with no heartbeat to notice.
+    startup = _startup_timeout()
+    ranks = _size(argv)
+    ranks = int(ranks) if ranks.isdigit() else 0
+    hosts = listed_hosts(argv)
+    first_boot, own = None, []
     try:
         seen, killed = None, False
         while proc.poll() is None:
             if seen is None and found.is_set():
                 seen = time.monotonic()
+            if seen is None and startup and ranks:
+                starts = [x for f in filters for x in f.starts]
+                up = sum(x.phase == "up" for x in starts)
+                if first_boot is None and any(x.phase == "boot" for x in starts):
+                    first_boot = time.monotonic()
+                if up >= ranks:
+                    startup = 0.0  # every rank is up: the heartbeats take over
+                elif first_boot and time.monotonic() - first_boot >= startup:
+                    booted = {x.host for x in starts if x.phase == "boot"}
+                    missing = [h for h in hosts if h not in booted]
+                    where = (
+                        f"no rank on {', '.join(missing)} started"
+                        if missing
+                        else "every listed host's ranks started"
+                    )
+                    own.append(
+                        Verdict(
+                            f"start-up did not complete: {up} of {ranks} ranks "
+                            f"were up {startup:g}s after the first rank started "
+                            f"MPI (twice {env.setting('HEARTBEAT_TIMEOUT').name}); "
+                            f"{where}.",
+                            missing,
+                        )
+                    )
+                    seen = time.monotonic() - grace  # the ranks wait: end it now
+                    continue
             if seen is not None and time.monotonic() - seen >= grace:
                 try:
                     os.killpg(proc.pid, signal.SIGKILL)
@@ -561,8 +658,10 @@ def _run_once(argv: list[str], grace: float) -> tuple[int, list[Verdict], str]:
     deadline = time.monotonic() + _DRAIN
     for pump in pumps:
         pump.join(max(0.0, deadline - time.monotonic()))
-    verdicts = [v for f in filters for v in f.verdicts]
-    if killed:
+    verdicts = own + [v for f in filters for v in f.verdicts]
+    if killed and own:
+        ended = "was killed"
+    elif killed:
         ended = f"did not end within {grace:g}s of the verdict and was killed"
     else:
         ended = f"ended with status {_status(proc.returncode)}"
