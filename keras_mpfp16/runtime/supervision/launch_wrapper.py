@@ -69,6 +69,7 @@ from typing import NamedTuple
 from keras_mpfp16 import _settings as env
 
 VERDICT_ENV = env.setting("LAUNCH_VERDICT").name
+_HEARTBEAT_ENV = env.setting("HEARTBEAT_TIMEOUT").name
 NODE_LOST_EXIT_CODE = 69
 GRACE = 5.0  # seconds the launcher may take to end by itself after a verdict
 _DRAIN = 1.0  # seconds to read the launcher's last output after it ended
@@ -630,7 +631,7 @@ def _run_once(argv: list[str], grace: float) -> tuple[int, list[Verdict], str]:
                         Verdict(
                             f"start-up did not complete: {up} of {ranks} ranks "
                             f"were up {startup:g}s after the first rank started "
-                            f"MPI (twice {env.setting('HEARTBEAT_TIMEOUT').name}); "
+                            f"MPI (twice {_HEARTBEAT_ENV}); "
                             f"{where}.",
                             missing,
                         )
