@@ -518,9 +518,9 @@ def _start_sh(phase: str, host: str) -> str:
 
 def test_a_host_whose_ranks_never_start_is_lost_at_start_up(tmp_path, monkeypatch):
     """Issue 39: a node lost before its rank starts MPI leaves the others in
-    MPI_Init with no heartbeat. The wrapper's start-up watchdog: twice the
-    heartbeat timeout after the first rank's `boot` report without every
-    rank `up`, the listed hosts none of whose ranks booted are lost: the
+    MPI_Init with no heartbeat. The wrapper's start-up watchdog: once a rank
+    reported `boot`, twice the heartbeat timeout without a new report and
+    not every rank `up`, the listed hosts none of whose ranks booted are lost: the
     launch is ended and relaunched without them; with no restart left, 69
     and one line. The reports are taken out of the output; a launch whose
     ranks all come up is left alone however long it runs."""
@@ -547,7 +547,7 @@ def test_a_host_whose_ranks_never_start_is_lost_at_start_up(tmp_path, monkeypatc
     ]
     assert (
         "restart 1 of 1: the job lost a rank (start-up did not complete: 0 of 3 "
-        "ranks were up 2s after the first rank started MPI (twice "
+        "ranks up, no rank's start-up moved on for 2s (twice "
         "KERAS_MPFP16_HEARTBEAT_TIMEOUT); no rank on n3 started.); lost hosts: "
         "['n3']; size: 2." in err
     ), err

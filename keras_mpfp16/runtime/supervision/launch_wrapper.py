@@ -442,8 +442,9 @@ def listed_hosts(argv: list[str]) -> list[str]:
 
 
 def _startup_timeout() -> float:
-    """Seconds from the first rank's start of MPI until every rank must be
-    up: twice the heartbeat timeout (0: heartbeats off, no watchdog)."""
+    """Seconds a start-up may go without a rank's report (`report_start`)
+    before the wrapper gives up on it, once the first rank started MPI:
+    twice the heartbeat timeout (0: heartbeats off, no watchdog)."""
     try:
         return 2 * float(env.get("HEARTBEAT_TIMEOUT"))
     except (TypeError, ValueError):
@@ -606,7 +607,7 @@ def _run_once(argv: list[str], grace: float) -> tuple[int, list[Verdict], str]:
     ranks = _size(argv)
     ranks = int(ranks) if ranks.isdigit() else 0
     hosts = listed_hosts(argv)
-    first_boot, own = None, []
+    reports, last_report, own = 0, 0.0, []
     try:
         seen, killed = None, False
         while proc.poll() is None:
@@ -615,11 +616,11 @@ def _run_once(argv: list[str], grace: float) -> tuple[int, list[Verdict], str]:
             if seen is None and startup and ranks:
                 starts = [x for f in filters for x in f.starts]
                 up = sum(x.phase == "up" for x in starts)
-                if first_boot is None and any(x.phase == "boot" for x in starts):
-                    first_boot = time.monotonic()
+                if len(starts) > reports:  # start-up moves: a new report
+                    reports, last_report = len(starts), time.monotonic()
                 if up >= ranks:
                     startup = 0.0  # every rank is up: the heartbeats take over
-                elif first_boot and time.monotonic() - first_boot >= startup:
+                elif reports and time.monotonic() - last_report >= startup:
                     booted = {x.host for x in starts if x.phase == "boot"}
                     missing = [h for h in hosts if h not in booted]
                     where = (
@@ -630,8 +631,8 @@ def _run_once(argv: list[str], grace: float) -> tuple[int, list[Verdict], str]:
                     own.append(
                         Verdict(
                             f"start-up did not complete: {up} of {ranks} ranks "
-                            f"were up {startup:g}s after the first rank started "
-                            f"MPI (twice {_HEARTBEAT_ENV}); "
+                            f"up, no rank's start-up moved on for {startup:g}s "
+                            f"(twice {_HEARTBEAT_ENV}); "
                             f"{where}.",
                             missing,
                         )
