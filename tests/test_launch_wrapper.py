@@ -570,3 +570,25 @@ def test_listed_hosts_reads_host_lists_and_files(tmp_path):
     argv = ["mpirun", "--host", "a:1,b:1", "--hostfile", str(hostfile), "python"]
     assert launch_wrapper.listed_hosts(argv) == ["a", "b", "c"]
     assert launch_wrapper.listed_hosts(["mpirun", "-np", "2", "python"]) == []
+
+
+def test_a_start_up_that_stops_with_no_host_to_name_ends_69(tmp_path, monkeypatch):
+    """Every listed host's rank booted, then the start-up stopped (a node
+    lost inside MPI_Init): no host can be named, and relaunching the same
+    list would wait for the lost node's daemon before any rank reports, so
+    the wrapper ends with 69 and one line, restarts left or not."""
+    monkeypatch.setenv("KERAS_MPFP16_HEARTBEAT_TIMEOUT", "1")
+    launcher = _shell_launcher(
+        tmp_path,
+        "".join(_start_sh("boot", h) for h in ("n1", "n2", "n3")) + "sleep 120\n",
+    )
+    hosts = ["-np", "3", "--host", "n1:1,n2:1,n3:1", "python", "t.py"]
+    res = _wrapper("--max-restarts", "2", launcher, *hosts)
+    err = res.stderr.decode()
+    assert res.returncode == 69, err
+    assert len((tmp_path / "runs").read_text().splitlines()) == 1
+    assert "every listed host's ranks started." in err, err
+    assert err.rstrip().splitlines()[-1] == (
+        "keras_mpfp16.runtime.launch: no lost host can be named in a start-up "
+        "that stopped; not restarting on the same hosts; exiting with status 69."
+    ), err

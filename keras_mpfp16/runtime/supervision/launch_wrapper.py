@@ -70,6 +70,7 @@ from keras_mpfp16 import _settings as env
 
 VERDICT_ENV = env.setting("LAUNCH_VERDICT").name
 _HEARTBEAT_ENV = env.setting("HEARTBEAT_TIMEOUT").name
+_STARTUP_FAILED = "start-up did not complete"  # the start-up watchdog's verdict
 NODE_LOST_EXIT_CODE = 69
 GRACE = 5.0  # seconds the launcher may take to end by itself after a verdict
 _DRAIN = 1.0  # seconds to read the launcher's last output after it ended
@@ -500,6 +501,15 @@ def run(argv: list[str], grace: float = GRACE, max_restarts: int = 0) -> int:
             )
         if last:
             return code
+        if not lost and any(v.message.startswith(_STARTUP_FAILED) for v in verdicts):
+            # Every listed host's ranks started, yet the start-up stopped
+            # (a node lost inside MPI_Init): the same host list would wait
+            # for the lost node's daemon before any rank starts, unseen.
+            _say(
+                "no lost host can be named in a start-up that stopped; not "
+                f"restarting on the same hosts; exiting with status {NODE_LOST_EXIT_CODE}."
+            )
+            return NODE_LOST_EXIT_CODE
         survivors, _ = without_hosts(argv, lost)
         size = _size(survivors)
         if (size.lstrip("-").isdigit() and int(size) <= 0) or any(
@@ -630,7 +640,7 @@ def _run_once(argv: list[str], grace: float) -> tuple[int, list[Verdict], str]:
                     )
                     own.append(
                         Verdict(
-                            f"start-up did not complete: {up} of {ranks} ranks "
+                            f"{_STARTUP_FAILED}: {up} of {ranks} ranks "
                             f"up, no rank's start-up moved on for {startup:g}s "
                             f"(twice {_HEARTBEAT_ENV}); "
                             f"{where}.",
