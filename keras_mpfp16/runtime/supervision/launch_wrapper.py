@@ -44,6 +44,14 @@ preemption warning reaches the ranks as a request to stop at a step
 ended by a signal, up to K times (`run`'s `max_restarts`); a job that lost
 a node once more with no restart left ends with 69 and one line saying so.
 
+Start-up watchdog: before the heartbeats run (a node lost before or
+during `MPI_Init` leaves the other ranks there forever), each rank reports
+`report_start("boot")` as `init` starts MPI and `report_start("up")` once
+its services run, on the same token lines. Once a rank has booted, twice
+the heartbeat timeout with no new report and not every rank up ends the
+launch with a verdict naming the listed hosts none of whose ranks booted
+(none named: 69, no relaunch on the same list).
+
 Nothing here imports Keras (the package's `__init__` still does, when run
 with `-m`).
 """
