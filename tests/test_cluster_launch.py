@@ -300,3 +300,102 @@ def test_hydra_cut_node_restarts_on_the_survivors_and_completes(cluster3, cut):
     ]
     assert sorted(r["rank"] for r in records) == [0, 1], run["stdout"]
     assert len({r["digest"] for r in records}) == 1, run["stdout"]
+
+
+# -- a node lost during start-up, or during a restart's first step -------------
+
+
+def _marker(phase: str, host: str):
+    """True once a rank on `host` wrote its start-up marker `phase` (the
+    script's `boot`: its first line, before MPI_Init; `init`: MPI and the
+    library's heartbeats started)."""
+    return lambda run_dir: any(run_dir.glob(f"{phase}-{host}-*"))
+
+
+def _event(launch: int, event: str):
+    """True once rank 0 of launch `launch` recorded `event`."""
+
+    def seen(run_dir: Path) -> bool:
+        try:
+            text = (run_dir / f"launch-{launch}.jsonl").read_text()
+        except OSError:
+            return False
+        return f'"event": "{event}"' in text
+
+    return seen
+
+
+@pytest.mark.parametrize("phase", ["boot", "init"])
+def test_node_lost_during_start_up_restarts_on_the_survivors(cluster3, phase):
+    """Issue 39: node 3's link cut during start-up, when its rank wrote the
+    script's `phase` marker (`boot`: the script's first line, before Keras,
+    TensorFlow and MPI_Init; `init`: `kmp.rank()` returned, heartbeats
+    running, before the first collective of training), under `kmp-launch
+    --max-restarts 1` outside the nodes. The loss is handled as one in
+    training: the wrapper names kmpl3, relaunches on kmpl1 and kmpl2 at 2
+    ranks, and the job completes (exit 0, one set of final weights)."""
+    run_dir = cluster3.shared_dir(f"start-{phase}")
+    run = cluster_restart.run_cuts(
+        cluster3, run_dir, [(_marker(phase, "kmpl3"), 3)], max_restarts=1
+    )
+    err = run["stderr"]
+    detail = "\n".join(err[-40:])
+    assert run["cuts"], f"node 3 never reached {phase!r}\n{detail}"
+    cut = run["cuts"][0]
+    ended = None if run["ended"] is None else run["ended"] - cut
+    restart = [
+        (t, x)
+        for t, x in zip(run["stderr_times"], err)
+        if "runtime.launch: restart" in x
+    ]
+    first_step = next(
+        (
+            e["t"]
+            for x in run["launches"]
+            if x and x[0]["n"] == 2
+            for e in x
+            if e["event"] == "step"
+        ),
+        None,
+    )
+    print(
+        f"{phase}: ended {ended} s after the cut, status {run['status']}; restart "
+        f"{[round(t - cut, 1) for t, _ in restart]} s, first step on the "
+        f"survivors {None if first_step is None else round(first_step - cut, 1)} s"
+    )
+    assert run["status"] == 0, detail
+    assert len(restart) == 1, detail
+    assert restart[0][1].endswith("lost hosts: ['kmpl3']; size: 2."), detail
+    last = run["launches"][-1]
+    assert last[0]["n"] == 2 and last[-1]["event"] == "end", detail
+    records = [json.loads(x) for x in run["stdout"] if x.startswith("{")]
+    assert sorted(r["rank"] for r in records) == [0, 1], run["stdout"]
+    assert len({r["digest"] for r in records}) == 1, run["stdout"]
+
+
+def test_node_lost_in_a_restarts_first_step_exhausts_the_restarts(cluster3):
+    """Issue 39: under `kmp-launch --max-restarts 1`, node 3 cut mid-epoch
+    (the wrapper relaunches on kmpl1 and kmpl2), then node 2 cut as the
+    relaunch's first step begins (backup restored): no restart is left, so
+    the job ends with 69 and one line naming the lost host and the
+    exhausted count, never 0 and never hanging."""
+    run_dir = cluster3.shared_dir("restart-first-step")
+    run = cluster_restart.run_cuts(
+        cluster3,
+        run_dir,
+        [(lambda d: (d / "reached").exists(), 3), (_event(2, "begin"), 2)],
+        max_restarts=1,
+    )
+    err = run["stderr"]
+    detail = "\n".join(err[-40:])
+    assert len(run["cuts"]) == 2, detail
+    ended = None if run["ended"] is None else run["ended"] - run["cuts"][1]
+    print(f"ended {ended} s after the second cut, status {run['status']}")
+    assert run["status"] == NODE_LOST, detail
+    restart = [x for x in err if "runtime.launch: restart" in x]
+    assert len(restart) == 1 and restart[0].endswith("size: 2."), detail
+    final = [x for x in err if "no restart left" in x]
+    assert len(final) == 1, detail
+    assert "lost hosts: kmpl2" in final[0], detail
+    assert "(--max-restarts 1); exiting with status 69." in final[0], detail
+    assert not any(x.startswith("{") for x in run["stdout"]), run["stdout"]

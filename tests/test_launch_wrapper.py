@@ -503,3 +503,86 @@ def test_kmp_launch_console_script_runs_the_wrapper(tmp_path):
         [str(script), "sh", "-c", "exit 4"], capture_output=True, timeout=120
     )
     assert direct.returncode == 4
+
+
+def _start_sh(phase: str, host: str) -> str:
+    body = f'{{"start": "{phase}", "host": "{host}"}}'
+    return f"printf '\\036keras_mpfp16-verdict %s %s\\n' \"$V\" '{body}' >&2\n"
+
+
+def test_a_host_whose_ranks_never_start_is_lost_at_start_up(tmp_path, monkeypatch):
+    """Issue 39: a node lost before its rank starts MPI leaves the others in
+    MPI_Init with no heartbeat. The wrapper's start-up watchdog: once a rank
+    reported `boot`, twice the heartbeat timeout without a new report and
+    not every rank `up`, the listed hosts none of whose ranks booted are lost: the
+    launch is ended and relaunched without them; with no restart left, 69
+    and one line. The reports are taken out of the output; a launch whose
+    ranks all come up is left alone however long it runs."""
+    monkeypatch.setenv("KERAS_MPFP16_HEARTBEAT_TIMEOUT", "1")  # watchdog: 2 s
+    launcher = _shell_launcher(
+        tmp_path,
+        f"if [ ! -e {tmp_path}/once ]; then touch {tmp_path}/once\n"
+        + _start_sh("boot", "n1")
+        + _start_sh("boot", "n2")
+        + "echo waiting in MPI_Init >&2; sleep 120; fi\n"
+        + _start_sh("boot", "n1")
+        + _start_sh("boot", "n2")
+        + _start_sh("up", "n1")
+        + _start_sh("up", "n2")
+        + "sleep 3; exit 0\n",
+    )
+    hosts = ["-np", "3", "--host", "n1:1,n2:1,n3:1", "python", "t.py"]
+    res = _wrapper("--max-restarts", "1", launcher, *hosts)
+    err = res.stderr.decode()
+    assert res.returncode == 0, err
+    assert (tmp_path / "runs").read_text().splitlines() == [
+        "-np 3 --host n1:1,n2:1,n3:1 python t.py",
+        "-np 2 --host n1:1,n2:1 python t.py",
+    ]
+    assert (
+        "restart 1 of 1: the job lost a rank (start-up did not complete: 0 of 3 "
+        "ranks up, no rank's start-up moved on for 2s (twice "
+        "KERAS_MPFP16_HEARTBEAT_TIMEOUT); no rank on n3 started.); lost hosts: "
+        "['n3']; size: 2." in err
+    ), err
+    assert "keras_mpfp16-verdict" not in err, err
+    # No restart left: 69 and one line naming the host and the count.
+    (tmp_path / "runs").unlink()
+    (tmp_path / "once").unlink()
+    res = _wrapper("--max-restarts", "0", launcher, *hosts)
+    err = res.stderr.decode()
+    assert res.returncode == 69, err
+    assert err.rstrip().splitlines()[-1] == (
+        "keras_mpfp16.runtime.launch: the job lost a rank (lost hosts: n3); the "
+        "launcher was killed; exiting with status 69."
+    ), err
+
+
+def test_listed_hosts_reads_host_lists_and_files(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# nodes\nb slots=2\nc:4\n\n")
+    argv = ["mpirun", "--host", "a:1,b:1", "--hostfile", str(hostfile), "python"]
+    assert launch_wrapper.listed_hosts(argv) == ["a", "b", "c"]
+    assert launch_wrapper.listed_hosts(["mpirun", "-np", "2", "python"]) == []
+
+
+def test_a_start_up_that_stops_with_no_host_to_name_ends_69(tmp_path, monkeypatch):
+    """Every listed host's rank booted, then the start-up stopped (a node
+    lost inside MPI_Init): no host can be named, and relaunching the same
+    list would wait for the lost node's daemon before any rank reports, so
+    the wrapper ends with 69 and one line, restarts left or not."""
+    monkeypatch.setenv("KERAS_MPFP16_HEARTBEAT_TIMEOUT", "1")
+    launcher = _shell_launcher(
+        tmp_path,
+        "".join(_start_sh("boot", h) for h in ("n1", "n2", "n3")) + "sleep 120\n",
+    )
+    hosts = ["-np", "3", "--host", "n1:1,n2:1,n3:1", "python", "t.py"]
+    res = _wrapper("--max-restarts", "2", launcher, *hosts)
+    err = res.stderr.decode()
+    assert res.returncode == 69, err
+    assert len((tmp_path / "runs").read_text().splitlines()) == 1
+    assert "every listed host's ranks started." in err, err
+    assert err.rstrip().splitlines()[-1] == (
+        "keras_mpfp16.runtime.launch: no lost host can be named in a start-up "
+        "that stopped; not restarting on the same hosts; exiting with status 69."
+    ), err

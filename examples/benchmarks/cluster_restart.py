@@ -187,6 +187,72 @@ def run_once(
     }
 
 
+def run_cuts(
+    cluster: Cluster,
+    run_dir: Path,
+    cuts: list,
+    max_restarts: int = 1,
+    env: dict | None = None,
+    timeout: float = 420,
+) -> dict:
+    """A run under the wrapper with `--max-restarts max_restarts` (from this
+    machine, outside the nodes) with one or more cuts, each `(when, node)`:
+    node `node`'s link is cut (and left cut) as soon as `when(run_dir)` is
+    true, the cuts in order (e.g. a start-up marker the script wrote, or an
+    event of a relaunch). Waits for the wrapper to end (at most `timeout`
+    seconds). Returns the wrapper's status (None: still running at the
+    timeout, then killed), its output, the launches' events, the times of
+    the cuts and of the end (`time.time()`)."""
+    mpirun = cluster.mpirun_command([sys.executable, str(SCRIPT), str(run_dir)])
+    cmd = [sys.executable, "-m", WRAPPER, "--max-restarts", str(max_restarts), *mpirun]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        errors="replace",
+        env=mpi_env(env),
+        start_new_session=True,
+    )
+    out, err = [], []
+    readers = [
+        threading.Thread(target=_lines, args=(proc.stdout, out), daemon=True),
+        threading.Thread(target=_lines, args=(proc.stderr, err), daemon=True),
+    ]
+    for r in readers:
+        r.start()
+    cut_at, ended = [], None
+    try:
+        deadline = time.monotonic() + timeout
+        pending = list(cuts)
+        while proc.poll() is None and time.monotonic() < deadline:
+            if pending and pending[0][0](run_dir):
+                cluster.link(pending.pop(0)[1], up=False)
+                cut_at.append(time.time())
+                continue
+            time.sleep(0.02)
+        if proc.poll() is not None:
+            ended = time.time()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        cluster.kill_all()
+        for _, node in cuts:
+            cluster.link(node, up=True)
+        for r in readers:
+            r.join(timeout=30)
+    return {
+        "status": proc.returncode if ended is not None else None,
+        "stdout": [x for _, x in out],
+        "stderr": [x for _, x in err],
+        "stderr_times": [t for t, _ in err],
+        "launches": read_launches(run_dir),
+        "cuts": cut_at,
+        "ended": ended,
+    }
+
+
 def summary(run: dict) -> dict:
     """What a benchmark file keeps of a run (not the per-step events)."""
     steps = run["steps"]

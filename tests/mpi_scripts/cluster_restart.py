@@ -23,15 +23,29 @@ the backup is restored and the ranks synchronised), and one
 the step's global samples (every rank's rows of the step), and on the
 first launch `{"event": "reached", "t", "epoch", "batch", "backup_steps"}`
 before the cut (the steps done in the epoch of the backup then on disk).
-After `fit`
+Every rank also
+writes the empty files `DIR/boot-HOST-PID` at its first line and
+`DIR/init-HOST-PID` once `kmp.rank()` has initialised MPI and the library's
+services (start-up markers for the tests that cut a node then). After `fit`
 every rank prints a JSON line with the final weights' digest.
 """
 
 import os
+import socket
 import sys
 import time
 
 START = time.time()
+
+
+def mark(phase):
+    """An empty file DIR/PHASE-HOST-PID: start-up markers for the tests that
+    cut a node at a given point of start-up (every rank writes them)."""
+    name = f"{phase}-{socket.gethostname()}-{os.getpid()}"
+    open(os.path.join(sys.argv[1], name), "w").close()
+
+
+mark("boot")  # before importing Keras, TensorFlow, mpi4py (before MPI_Init)
 
 import hashlib  # noqa: E402
 import json  # noqa: E402
@@ -46,6 +60,7 @@ import keras_mpfp16 as kmp  # noqa: E402
 
 out = sys.argv[1]
 rank, n = kmp.rank(), kmp.size()
+mark("init")  # MPI and the library's services (heartbeats) started
 ROWS, BATCH, EPOCHS, FREQ = 480, 4, 3, 10
 CUT_EPOCH, CUT_AT, BACKUP_AT = 1, 35, 30  # steps done in the epoch
 backup_dir = os.path.join(out, "backup")

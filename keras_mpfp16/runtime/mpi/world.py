@@ -45,6 +45,7 @@ _lock = threading.Lock()
 # Registered by the modules that build on this one (world imports none of
 # them: it is the bottom of the runtime).
 _init_hooks: list[Callable[[Any], None]] = []
+_before_init_hooks: list[Callable[[], None]] = []
 
 
 # `barrier` lives in `collectives` (it is a collective, watched by the stall
@@ -77,6 +78,13 @@ def add_init_hook(hook: Callable[[Any], None]) -> None:
     communicator (once per hook, in registration order)."""
     if hook not in _init_hooks:
         _init_hooks.append(hook)
+
+
+def add_before_init_hook(hook: Callable[[], None]) -> None:
+    """Runs `hook()` at the first `init`, before MPI is imported (before
+    MPI_Init when mpi4py was not imported yet); once per hook."""
+    if hook not in _before_init_hooks:
+        _before_init_hooks.append(hook)
 
 
 def _import_mpi():
@@ -113,6 +121,9 @@ def init(comm: Any = None) -> None:
     with _lock:
         if _world is not None and (comm is None or comm is _world.user_comm):
             return
+        if _world is None:
+            for before in _before_init_hooks:
+                before()
         MPI = _import_mpi()
         if comm is None:
             comm = MPI.COMM_WORLD

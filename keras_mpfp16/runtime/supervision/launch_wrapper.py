@@ -44,6 +44,14 @@ preemption warning reaches the ranks as a request to stop at a step
 ended by a signal, up to K times (`run`'s `max_restarts`); a job that lost
 a node once more with no restart left ends with 69 and one line saying so.
 
+Start-up watchdog: before the heartbeats run (a node lost before or
+during `MPI_Init` leaves the other ranks there forever), each rank reports
+`report_start("boot")` as `init` starts MPI and `report_start("up")` once
+its services run, on the same token lines. Once a rank has booted, twice
+the heartbeat timeout with no new report and not every rank up ends the
+launch with a verdict naming the listed hosts none of whose ranks booted
+(none named: 69, no relaunch on the same list).
+
 Nothing here imports Keras (the package's `__init__` still does, when run
 with `-m`).
 """
@@ -59,6 +67,7 @@ import re
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -68,6 +77,8 @@ from typing import NamedTuple
 from keras_mpfp16 import _settings as env
 
 VERDICT_ENV = env.setting("LAUNCH_VERDICT").name
+_HEARTBEAT_ENV = env.setting("HEARTBEAT_TIMEOUT").name
+_STARTUP_FAILED = "start-up did not complete"  # the start-up watchdog's verdict
 NODE_LOST_EXIT_CODE = 69
 GRACE = 5.0  # seconds the launcher may take to end by itself after a verdict
 _DRAIN = 1.0  # seconds to read the launcher's last output after it ended
@@ -102,7 +113,25 @@ def report_lost(message: str, hosts: list[str] | tuple[str, ...] = ()) -> None:
     token = env.get("LAUNCH_VERDICT") or ""
     if not token:
         return
-    line = verdict_line(token, message, hosts)
+    _write_line(verdict_line(token, message, hosts))
+
+
+def report_start(phase: str) -> None:
+    """From a rank, under the wrapper: its start-up reached `phase`
+    (`"boot"`: `init` is about to start MPI; `"up"`: MPI and the job's
+    services, heartbeats included, are running). One token line on
+    standard error, like a verdict, that the wrapper takes out: its
+    start-up watchdog names the hosts none of whose ranks booted when the
+    ranks are not all up in time. Does nothing when not run under the
+    wrapper."""
+    token = env.get("LAUNCH_VERDICT") or ""
+    if not token:
+        return
+    body = json.dumps({"start": phase, "host": socket.gethostname()})
+    _write_line(MARK + token.encode() + b" " + body.encode() + b"\n")
+
+
+def _write_line(line: bytes) -> None:
     try:
         sys.stderr.flush()
     except Exception:
@@ -136,6 +165,13 @@ class Verdict(NamedTuple):
     hosts: list[str]
 
 
+class Start(NamedTuple):
+    """A rank's start-up report (`report_start`): the phase and its host."""
+
+    phase: str
+    host: str
+
+
 class VerdictFilter:
     """Passes a launcher's output on, taking out the verdict lines that carry
     `token`.
@@ -146,7 +182,8 @@ class VerdictFilter:
     `finish()` the bytes still held at the end of the stream. Lines with
     the marker but another token, or that do not parse, are passed on
     unchanged and not acted on; they are counted in `refused`. Found
-    verdicts are appended to `verdicts`. Prefixes a launcher adds to each
+    verdicts are appended to `verdicts`, the ranks' start-up reports
+    (taken out too) to `starts`. Prefixes a launcher adds to each
     line (`--tag-output`'s `[1,2]<stderr>:`, `srun --label`'s `2: `) are
     allowed before the marker.
     """
@@ -154,6 +191,7 @@ class VerdictFilter:
     def __init__(self, token: str):
         self.token = token.encode()
         self.verdicts: list[Verdict] = []
+        self.starts: list[Start] = []
         self.refused = 0
         self._held = b""
         self._open = False  # part of the current line was already passed on
@@ -175,7 +213,10 @@ class VerdictFilter:
             if verdict is None:
                 out.append(line)
             else:  # pass on a launcher's prefix, if any, as a line of its own
-                self.verdicts.append(verdict)
+                if isinstance(verdict, Start):
+                    self.starts.append(verdict)
+                else:
+                    self.verdicts.append(verdict)
                 if self._open or at > 0:
                     out.append(line[:at] + b"\n")
             self._open = False
@@ -191,9 +232,9 @@ class VerdictFilter:
         held, self._held = self._held, b""
         return held
 
-    def _parse(self, line: bytes) -> tuple[Verdict | None, int]:
-        """`(the verdict, where its marker starts)`; `(None, -1)` for any
-        other line."""
+    def _parse(self, line: bytes) -> tuple[Verdict | Start | None, int]:
+        """`(the verdict or start-up report, where its marker starts)`;
+        `(None, -1)` for any other line."""
         at = line.find(MARK)
         if at < 0:
             return None, -1
@@ -204,6 +245,8 @@ class VerdictFilter:
             return None, -1
         try:
             fields = json.loads(body)
+            if "start" in fields:
+                return Start(str(fields["start"]), str(fields["host"])), at
             hosts = [str(h) for h in fields["lost"]]
             message = str(fields["message"])
         except (ValueError, KeyError, TypeError):
@@ -386,6 +429,37 @@ def without_hosts(argv: list[str], lost: list[str]) -> tuple[list[str], int]:
     return out, dropped
 
 
+def listed_hosts(argv: list[str]) -> list[str]:
+    """The host names of `argv`'s host lists (`--host`/`-H`/`-hosts`) and
+    host files, in order; empty when it names none."""
+    names = []
+    end = _options_end(argv)
+    for i, arg in enumerate(argv[: end - 1]):
+        if arg in _HOST_FLAGS:
+            names += [e.partition(":")[0] for e in argv[i + 1].split(",") if e]
+        elif arg in _HOSTFILE_FLAGS:
+            try:
+                with open(argv[i + 1]) as f:
+                    lines = f.read().splitlines()
+            except OSError:
+                continue
+            for line in lines:
+                words = line.split("#", 1)[0].split()
+                if words:
+                    names.append(words[0].partition(":")[0])
+    return list(dict.fromkeys(names))
+
+
+def _startup_timeout() -> float:
+    """Seconds a start-up may go without a rank's report (`report_start`)
+    before the wrapper gives up on it, once the first rank started MPI:
+    twice the heartbeat timeout (0: heartbeats off, no watchdog)."""
+    try:
+        return 2 * float(env.get("HEARTBEAT_TIMEOUT"))
+    except (TypeError, ValueError):
+        return 0.0
+
+
 def _size(argv: list[str]) -> str:
     for i, arg in enumerate(argv[:-1]):
         if arg in _NP_FLAGS:
@@ -435,6 +509,15 @@ def run(argv: list[str], grace: float = GRACE, max_restarts: int = 0) -> int:
             )
         if last:
             return code
+        if not lost and any(v.message.startswith(_STARTUP_FAILED) for v in verdicts):
+            # Every listed host's ranks started, yet the start-up stopped
+            # (a node lost inside MPI_Init): the same host list would wait
+            # for the lost node's daemon before any rank starts, unseen.
+            _say(
+                "no lost host can be named in a start-up that stopped; not "
+                f"restarting on the same hosts; exiting with status {NODE_LOST_EXIT_CODE}."
+            )
+            return NODE_LOST_EXIT_CODE
         survivors, _ = without_hosts(argv, lost)
         size = _size(survivors)
         if (size.lstrip("-").isdigit() and int(size) <= 0) or any(
@@ -535,11 +618,45 @@ def _run_once(argv: list[str], grace: float) -> tuple[int, list[Verdict], str]:
 
     forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
     previous = {sig: signal.signal(sig, forward) for sig in forwarded}
+    # The start-up watchdog: a node lost before the ranks are up (during
+    # MPI_Init or before the heartbeats run) leaves the others waiting in
+    # MPI_Init forever, with no heartbeat to notice.
+    startup = _startup_timeout()
+    ranks = _size(argv)
+    ranks = int(ranks) if ranks.isdigit() else 0
+    hosts = listed_hosts(argv)
+    reports, last_report, own = 0, 0.0, []
     try:
         seen, killed = None, False
         while proc.poll() is None:
             if seen is None and found.is_set():
                 seen = time.monotonic()
+            if seen is None and startup and ranks:
+                starts = [x for f in filters for x in f.starts]
+                up = sum(x.phase == "up" for x in starts)
+                if len(starts) > reports:  # start-up moves: a new report
+                    reports, last_report = len(starts), time.monotonic()
+                if up >= ranks:
+                    startup = 0.0  # every rank is up: the heartbeats take over
+                elif reports and time.monotonic() - last_report >= startup:
+                    booted = {x.host for x in starts if x.phase == "boot"}
+                    missing = [h for h in hosts if h not in booted]
+                    where = (
+                        f"no rank on {', '.join(missing)} started"
+                        if missing
+                        else "every listed host's ranks started"
+                    )
+                    own.append(
+                        Verdict(
+                            f"{_STARTUP_FAILED}: {up} of {ranks} ranks "
+                            f"up, no rank's start-up moved on for {startup:g}s "
+                            f"(twice {_HEARTBEAT_ENV}); "
+                            f"{where}.",
+                            missing,
+                        )
+                    )
+                    seen = time.monotonic() - grace  # the ranks wait: end it now
+                    continue
             if seen is not None and time.monotonic() - seen >= grace:
                 try:
                     os.killpg(proc.pid, signal.SIGKILL)
@@ -561,8 +678,10 @@ def _run_once(argv: list[str], grace: float) -> tuple[int, list[Verdict], str]:
     deadline = time.monotonic() + _DRAIN
     for pump in pumps:
         pump.join(max(0.0, deadline - time.monotonic()))
-    verdicts = [v for f in filters for v in f.verdicts]
-    if killed:
+    verdicts = own + [v for f in filters for v in f.verdicts]
+    if killed and own:
+        ended = "was killed"
+    elif killed:
         ended = f"did not end within {grace:g}s of the verdict and was killed"
     else:
         ended = f"ended with status {_status(proc.returncode)}"

@@ -3,6 +3,8 @@
 - the stall inspector (`stall`): names missing ranks, ends jobs that cannot
   meet, heartbeats that name a lost rank or host;
 - the evaluate rendezvous (`rendezvous`): "did every rank call evaluate?";
+- the launch wrapper's start-up watchdog (`launch_wrapper.report_start`):
+  each rank says when it starts MPI and when it is up;
 - the abort on a failure (`failure`): one rank's exception or `sys.exit(n)`
   ends the whole job instead of hanging the others.
 
@@ -16,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from keras_mpfp16.runtime.mpi import world
-from keras_mpfp16.runtime.supervision import failure, rendezvous, stall
+from keras_mpfp16.runtime.supervision import failure, launch_wrapper, rendezvous, stall
 
 
 def start(comm: Any) -> None:
@@ -24,6 +26,13 @@ def start(comm: Any) -> None:
     stall.start(comm)
     rendezvous.start(comm)
     failure.install_abort_on_exception(comm.Get_rank(), comm.Get_size())
+    # Under the launch wrapper: this rank is up (its start-up watchdog).
+    launch_wrapper.report_start("up")
 
 
+def _booting() -> None:
+    launch_wrapper.report_start("boot")
+
+
+world.add_before_init_hook(_booting)
 world.add_init_hook(start)
