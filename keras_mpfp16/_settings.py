@@ -351,6 +351,23 @@ register(
     "heartbeats off. Rank 0's value is used on every rank.",
 )
 register(
+    "STARTUP_TIMEOUT",
+    "float",
+    600.0,
+    minimum=0.0,
+    read="at launch (`kmp-launch`)",
+    value_doc="seconds",
+    doc="The launch wrapper's start-up watchdog (`kmp-launch`): once a rank "
+    "has started MPI, this many seconds with no rank's start-up moving on and "
+    "not every rank up end the launch; the listed hosts none of whose ranks "
+    "started are declared lost (a restart without them, or status 69). It "
+    "covers a node lost before or during `MPI_Init`, before the heartbeats "
+    "run. The default, 10 minutes, leaves room for ranks that reach `init` "
+    "far apart (one rank preparing data first, imports from a busy shared "
+    "filesystem); a node lost at start-up is then noticed after that long. "
+    "`0` turns the watchdog off.",
+)
+register(
     "END_LAUNCHER_AFTER",
     "float",
     10.0,

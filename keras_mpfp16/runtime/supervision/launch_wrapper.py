@@ -47,8 +47,9 @@ a node once more with no restart left ends with 69 and one line saying so.
 Start-up watchdog: before the heartbeats run (a node lost before or
 during `MPI_Init` leaves the other ranks there forever), each rank reports
 `report_start("boot")` as `init` starts MPI and `report_start("up")` once
-its services run, on the same token lines. Once a rank has booted, twice
-the heartbeat timeout with no new report and not every rank up ends the
+its services run, on the same token lines. Once a rank has booted,
+`KERAS_MPFP16_STARTUP_TIMEOUT` seconds (600) with no new report and not
+every rank up end the
 launch with a verdict naming the listed hosts none of whose ranks booted
 (none named: 69, no relaunch on the same list).
 
@@ -77,7 +78,7 @@ from typing import NamedTuple
 from keras_mpfp16 import _settings as env
 
 VERDICT_ENV = env.setting("LAUNCH_VERDICT").name
-_HEARTBEAT_ENV = env.setting("HEARTBEAT_TIMEOUT").name
+_STARTUP_ENV = env.setting("STARTUP_TIMEOUT").name
 _STARTUP_FAILED = "start-up did not complete"  # the start-up watchdog's verdict
 NODE_LOST_EXIT_CODE = 69
 GRACE = 5.0  # seconds the launcher may take to end by itself after a verdict
@@ -452,12 +453,9 @@ def listed_hosts(argv: list[str]) -> list[str]:
 
 def _startup_timeout() -> float:
     """Seconds a start-up may go without a rank's report (`report_start`)
-    before the wrapper gives up on it, once the first rank started MPI:
-    twice the heartbeat timeout (0: heartbeats off, no watchdog)."""
-    try:
-        return 2 * float(env.get("HEARTBEAT_TIMEOUT"))
-    except (TypeError, ValueError):
-        return 0.0
+    before the wrapper gives up on it, once the first rank started MPI
+    (`KERAS_MPFP16_STARTUP_TIMEOUT`; 0: no watchdog)."""
+    return float(env.get("STARTUP_TIMEOUT"))
 
 
 def _size(argv: list[str]) -> str:
@@ -650,7 +648,7 @@ def _run_once(argv: list[str], grace: float) -> tuple[int, list[Verdict], str]:
                         Verdict(
                             f"{_STARTUP_FAILED}: {up} of {ranks} ranks "
                             f"up, no rank's start-up moved on for {startup:g}s "
-                            f"(twice {_HEARTBEAT_ENV}); "
+                            f"({_STARTUP_ENV}); "
                             f"{where}.",
                             missing,
                         )
