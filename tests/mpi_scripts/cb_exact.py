@@ -111,14 +111,18 @@ compile_(model, kmp.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9
 rec = Recorder()
 ckpt = CountingCheckpoint(os.path.join(out_dir, "ck-{epoch:02d}.keras"))
 csv = root_only(keras.callbacks.CSVLogger(os.path.join(out_dir, f"log-{rank}.csv")))
-hist = model.fit(
-    xs,
-    ys,
+# how the fit here and the resumed fit in 3 take this rank's shard
+sharded = dict(
     sample_weight=ws,
     batch_size=b,
     epochs=epochs,
     validation_data=val,
     validation_batch_size=8,
+)
+hist = model.fit(
+    xs,
+    ys,
+    **sharded,
     shuffle=False,
     verbose=2,
     callbacks=[rec, ckpt, csv, GlobalMetrics(), scaler()],
@@ -171,12 +175,8 @@ hist2 = fit_in_order(
     resumed,
     xs,
     ys,
-    sample_weight=ws,
-    batch_size=b,
-    epochs=epochs,
+    **sharded,
     initial_epoch=1,
-    validation_data=val,
-    validation_batch_size=8,
     callbacks=[rec2, GlobalMetrics(), scaler()],
 )
 resume = {
