@@ -53,6 +53,17 @@ def dense_bn_model(seed: int, optimizer) -> keras.Model:
     return model
 
 
+def compile_with_auc(model: keras.Model, optimizer, **more) -> None:
+    """`model.compile` with `optimizer`, binary cross-entropy, accuracy and
+    an AUC named "auc" (and the compile arguments `more`)."""
+    model.compile(
+        optimizer=optimizer,
+        loss="binary_crossentropy",
+        metrics=["accuracy", keras.metrics.AUC(name="auc")],
+        **more,
+    )
+
+
 def digest(values) -> str:
     """16 hex digits of the SHA-256 of the values' bytes, in order."""
     h = hashlib.sha256()

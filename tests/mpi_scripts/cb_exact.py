@@ -27,7 +27,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from _common import fit_in_order  # noqa: E402
+from _common import compile_with_auc, fit_in_order  # noqa: E402
 
 import keras_mpfp16 as kmp  # noqa: E402
 from keras_mpfp16.callbacks import (  # noqa: E402
@@ -65,10 +65,9 @@ def build():
 
 
 def compile_(model, optimizer):
-    model.compile(
-        optimizer=optimizer,
-        loss="binary_crossentropy",
-        metrics=["accuracy", keras.metrics.AUC(name="auc")],
+    compile_with_auc(
+        model,
+        optimizer,
         weighted_metrics=[keras.metrics.MeanAbsoluteError(name="wmae")],
     )
 
