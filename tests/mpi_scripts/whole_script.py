@@ -28,12 +28,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-from _common import (  # noqa: E402
-    Batches,
-    compile_with_auc,
-    fit_in_order,
-    state_digest,
-)
+from _common import Batches, compile_with_auc, fit_in_order, state_digest  # noqa: E402
 
 import keras_mpfp16 as kmp  # noqa: E402
 
