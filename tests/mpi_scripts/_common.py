@@ -53,6 +53,17 @@ def dense_bn_model(seed: int, optimizer) -> keras.Model:
     return model
 
 
+def compile_with_auc(model: keras.Model, optimizer, **more) -> None:
+    """`model.compile` with `optimizer`, binary cross-entropy, accuracy and
+    an AUC named "auc" (and the compile arguments `more`)."""
+    model.compile(
+        optimizer=optimizer,
+        loss="binary_crossentropy",
+        metrics=["accuracy", keras.metrics.AUC(name="auc")],
+        **more,
+    )
+
+
 def digest(values) -> str:
     """16 hex digits of the SHA-256 of the values' bytes, in order."""
     h = hashlib.sha256()
@@ -148,15 +159,24 @@ class CountTestBatches(keras.callbacks.Callback):
 
 
 def against_one_process(
-    build, make_optimizer, rows, whole, batch: int, global_batch: int, **options
+    build, make_optimizer, whole, batch: int, micro: int = 1, **options
 ) -> dict:
     """The equivalence check: `build()` (the same weights on every rank)
     compiled with `kmp.DistributedOptimizer(make_optimizer(), **options)` and
-    MSE, fitted 2 epochs in order on this rank's `rows` (x, y) in batches of
-    `batch`; on rank 0, a one-process copy from the same initial weights,
-    `make_optimizer()`, fitted on the `whole` (x, y) in batches of
-    `global_batch`. Returns `{"rank"}` and, on rank 0, `reference_gap`."""
-    rank = kmp.rank()
+    MSE, fitted 2 epochs in order in batches of `batch` on this rank's rows
+    of the `whole` (x, y): these form blocks of `batch` rows, and block
+    `i * size + rank` is this rank's i-th (`micro` of them per step with
+    gradient accumulation); on rank 0, a one-process copy from the same
+    initial weights, `make_optimizer()`, fitted on the `whole` (x, y) in
+    global batches of `size * batch * micro`. Returns `{"rank"}` and, on
+    rank 0, `reference_gap`."""
+    rank, n = kmp.rank(), kmp.size()
+    count = len(whole[0]) // (n * batch)
+    mine = [i * n + rank for i in range(count)]
+    rows = [
+        a.reshape(count * n, batch, *a.shape[1:])[mine].reshape(-1, *a.shape[1:])
+        for a in whole
+    ]
     model = build()
     initial = model.get_weights()
     model.compile(
@@ -169,7 +189,7 @@ def against_one_process(
         ref = build()
         ref.set_weights(initial)
         ref.compile(optimizer=make_optimizer(), loss="mse")
-        fit_in_order(ref, *whole, batch_size=global_batch, epochs=2)
+        fit_in_order(ref, *whole, batch_size=n * batch * micro, epochs=2)
         result.update(reference_gap(distributed, ref.get_weights(), initial))
     return result
 

@@ -27,7 +27,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from _common import fit_in_order  # noqa: E402
+from _common import compile_with_auc, fit_in_order  # noqa: E402
 
 import keras_mpfp16 as kmp  # noqa: E402
 from keras_mpfp16.callbacks import (  # noqa: E402
@@ -65,10 +65,9 @@ def build():
 
 
 def compile_(model, optimizer):
-    model.compile(
-        optimizer=optimizer,
-        loss="binary_crossentropy",
-        metrics=["accuracy", keras.metrics.AUC(name="auc")],
+    compile_with_auc(
+        model,
+        optimizer,
         weighted_metrics=[keras.metrics.MeanAbsoluteError(name="wmae")],
     )
 
@@ -111,14 +110,18 @@ compile_(model, kmp.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9
 rec = Recorder()
 ckpt = CountingCheckpoint(os.path.join(out_dir, "ck-{epoch:02d}.keras"))
 csv = root_only(keras.callbacks.CSVLogger(os.path.join(out_dir, f"log-{rank}.csv")))
-hist = model.fit(
-    xs,
-    ys,
+# how the fit here and the resumed fit in 3 take this rank's shard
+sharded = dict(
     sample_weight=ws,
     batch_size=b,
     epochs=epochs,
     validation_data=val,
     validation_batch_size=8,
+)
+hist = model.fit(
+    xs,
+    ys,
+    **sharded,
     shuffle=False,
     verbose=2,
     callbacks=[rec, ckpt, csv, GlobalMetrics(), scaler()],
@@ -171,12 +174,8 @@ hist2 = fit_in_order(
     resumed,
     xs,
     ys,
-    sample_weight=ws,
-    batch_size=b,
-    epochs=epochs,
+    **sharded,
     initial_epoch=1,
-    validation_data=val,
-    validation_batch_size=8,
     callbacks=[rec2, GlobalMetrics(), scaler()],
 )
 resume = {

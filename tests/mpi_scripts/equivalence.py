@@ -40,18 +40,12 @@ def build():
 
 
 # This rank's rows: micro-batch m of global step s is block (s*k + m)*n + rank.
-blocks = x.reshape(steps * k * n, b, 10, 3), y.reshape(steps * k * n, b, 2)
-mine = [i * n + rank for i in range(steps * k)]
-xr = blocks[0][mine].reshape(-1, 10, 3)
-yr = blocks[1][mine].reshape(-1, 2)
-
 result = against_one_process(
     build,
     lambda: keras.optimizers.SGD(0.1),
-    (xr, yr),
     (x, y),
-    batch=b,
-    global_batch=n * b * k,
+    b,
+    micro=k,
     gradient_accumulation_steps=k if k > 1 else None,
 )
 emit(result)

@@ -169,14 +169,21 @@ def loop():
     loss_fn = keras.losses.BinaryCrossentropy()
     xs, ys = kmp.shard(x, y)  # rank r: rows r, r + n, ... of each global batch
 
-    @tf.function
-    def step(xb, yb):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(yb, model(xb, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply(grads, model.trainable_variables)
-        return loss
+    def train_step(net, opt):
+        """One compiled step of `net` on a batch: `loss_fn`'s gradients,
+        applied by `opt`."""
 
+        @tf.function
+        def step(xb, yb):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(yb, net(xb, training=True))
+            grads = tape.gradient(loss, net.trainable_variables)
+            opt.apply(grads, net.trainable_variables)
+            return loss
+
+        return step
+
+    step = train_step(model, optimizer)
     per = BATCH
     steps = len(xs) // per
     for epoch in range(EPOCHS):
@@ -190,13 +197,7 @@ def loop():
     plain = keras.optimizers.Adam(0.01)
     rows = np.arange(len(x))
     shards = [rows[r::n][: len(xs)] for r in range(n)]  # kmp.shard's rows
-
-    @tf.function
-    def ref_step(xb, yb):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(yb, reference(xb, training=True))
-        grads = tape.gradient(loss, reference.trainable_variables)
-        plain.apply(grads, reference.trainable_variables)
+    ref_step = train_step(reference, plain)
 
     for epoch in range(EPOCHS):
         for s in range(steps):

@@ -40,19 +40,15 @@ import keras_mpfp16 as kmp  # noqa: E402  (line 1)
 os.chdir(sys.argv[1])
 BATCH, EPOCHS, MAX_FEATURES, SEQUENCE_LENGTH = 16, 3, 200, 16
 
-raw_train_ds = keras.utils.text_dataset_from_directory(
-    "reviews/train",
-    batch_size=BATCH,
-    validation_split=0.2,
-    subset="training",
-    seed=1337,
-)
-raw_val_ds = keras.utils.text_dataset_from_directory(
-    "reviews/train",
-    batch_size=BATCH,
-    validation_split=0.2,
-    subset="validation",
-    seed=1337,
+raw_train_ds, raw_val_ds = (
+    keras.utils.text_dataset_from_directory(
+        "reviews/train",
+        batch_size=BATCH,
+        validation_split=0.2,
+        subset=subset,
+        seed=1337,
+    )
+    for subset in ("training", "validation")
 )
 raw_test_ds = keras.utils.text_dataset_from_directory(
     "reviews/test", batch_size=BATCH, seed=1337

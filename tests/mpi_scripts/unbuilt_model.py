@@ -38,14 +38,21 @@ def emit(**record):
     print(json.dumps({"rank": rank, "size": n, **record}), flush=True)
 
 
-class CustomModel(keras.Model):
+class PlainModel(keras.Model):
+    HIDDEN = (6, "relu")  # the hidden Dense layer's units and activation
+
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        self.hidden = keras.layers.Dense(8, activation="tanh")
+        units, activation = self.HIDDEN
+        self.hidden = keras.layers.Dense(units, activation=activation)
         self.out = keras.layers.Dense(1)
 
     def call(self, x):
         return self.out(self.hidden(x))
+
+
+class CustomModel(PlainModel):
+    HIDDEN = (8, "tanh")
 
     def train_step(self, data):
         x, y = data
@@ -61,16 +68,6 @@ class CustomModel(keras.Model):
             else:
                 metric.update_state(y, y_pred)
         return {m.name: m.result() for m in self.metrics}
-
-
-class PlainModel(keras.Model):
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.hidden = keras.layers.Dense(6, activation="relu")
-        self.out = keras.layers.Dense(1)
-
-    def call(self, x):
-        return self.out(self.hidden(x))
 
 
 def sequential():

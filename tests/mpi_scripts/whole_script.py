@@ -28,7 +28,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-from _common import Batches, fit_in_order, state_digest  # noqa: E402
+from _common import Batches, compile_with_auc, fit_in_order, state_digest  # noqa: E402
 
 import keras_mpfp16 as kmp  # noqa: E402
 
@@ -41,6 +41,17 @@ def data(seed, rows, features=6):
     x = rng.normal(size=(rows, features)).astype("float32")
     y = (x[:, 0] + 0.5 * x[:, 1] - x[:, 2] > 0).astype("float32")
     return x, y
+
+
+def classifier(units, activation):
+    """Dense(units, activation) then Dense(1, sigmoid), on 6 features."""
+    return keras.Sequential(
+        [
+            keras.Input((6,)),
+            keras.layers.Dense(units, activation=activation),
+            keras.layers.Dense(1, activation="sigmoid"),
+        ]
+    )
 
 
 def emit(**record):
@@ -196,24 +207,11 @@ elif part == "logs":
     wv = np.linspace(0.5, 1.5, len(xv)).astype("float32")
 
     def model_fn():
-        return keras.Sequential(
-            [
-                keras.Input((6,)),
-                keras.layers.Dense(8, activation="tanh"),
-                keras.layers.Dense(1, activation="sigmoid"),
-            ]
-        )
-
-    def compile_(m, optimizer):
-        m.compile(
-            optimizer=optimizer,
-            loss="binary_crossentropy",
-            metrics=["accuracy", keras.metrics.AUC(name="auc")],
-        )
+        return classifier(8, "tanh")
 
     model = model_fn()
     root_initial = kmp.broadcast([np.asarray(w) for w in model.get_weights()])
-    compile_(model, kmp.DistributedOptimizer(keras.optimizers.SGD(0.2)))
+    compile_with_auc(model, kmp.DistributedOptimizer(keras.optimizers.SGD(0.2)))
     xs, ys = kmp.shard(x, y, batch_size=b)
     ckpt_best = os.path.join(out_dir, "best.weights.h5")
     ckpt_keras = os.path.join(out_dir, "last.keras")
@@ -243,7 +241,7 @@ elif part == "logs":
 
     ref = model_fn()
     ref.set_weights(root_initial)
-    compile_(ref, keras.optimizers.SGD(0.2))
+    compile_with_auc(ref, keras.optimizers.SGD(0.2))
     kept = len(xs) * n
     ref_hist = fit_in_order(
         ref,
@@ -300,13 +298,7 @@ elif part == "inputs":
     }
 
     def model_fn():
-        return keras.Sequential(
-            [
-                keras.Input((6,)),
-                keras.layers.Dense(6, activation="relu"),
-                keras.layers.Dense(1, activation="sigmoid"),
-            ]
-        )
+        return classifier(6, "relu")
 
     model = model_fn()
     root_initial = kmp.broadcast([np.asarray(w) for w in model.get_weights()])
