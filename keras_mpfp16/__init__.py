@@ -19,7 +19,7 @@ the `runtime` subpackage, which never imports Keras) loads none of it.
 """
 
 # The one source of the version (pyproject.toml reads it from here).
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 from typing import TYPE_CHECKING
 
