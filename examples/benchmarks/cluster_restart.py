@@ -78,6 +78,29 @@ def read_launches(run_dir: Path) -> list[list[dict]]:
     return out
 
 
+def _start_wrapper(cmd: list[str], env: dict | None):
+    """Starts the wrapper's command in a session of its own; returns the
+    process, the lists its stdout and stderr lines are read into (by the
+    returned reader threads, already started) and those threads."""
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        errors="replace",
+        env=mpi_env(env),
+        start_new_session=True,
+    )
+    out, err = [], []
+    readers = [
+        threading.Thread(target=_lines, args=(proc.stdout, out), daemon=True),
+        threading.Thread(target=_lines, args=(proc.stderr, err), daemon=True),
+    ]
+    for r in readers:
+        r.start()
+    return proc, out, err, readers
+
+
 def run_once(
     cluster: Cluster,
     run_dir: Path,
@@ -98,22 +121,7 @@ def run_once(
         [sys.executable, str(SCRIPT), str(run_dir)]
     )
     cmd = [sys.executable, "-m", WRAPPER, "--max-restarts", "1", *mpirun]
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        errors="replace",
-        env=mpi_env(env),
-        start_new_session=True,
-    )
-    out, err = [], []
-    readers = [
-        threading.Thread(target=_lines, args=(proc.stdout, out), daemon=True),
-        threading.Thread(target=_lines, args=(proc.stderr, err), daemon=True),
-    ]
-    for r in readers:
-        r.start()
+    proc, out, err, readers = _start_wrapper(cmd, env)
     cut = ended = None
     try:
         deadline = time.monotonic() + timeout
@@ -205,22 +213,7 @@ def run_cuts(
     the cuts and of the end (`time.time()`)."""
     mpirun = cluster.mpirun_command([sys.executable, str(SCRIPT), str(run_dir)])
     cmd = [sys.executable, "-m", WRAPPER, "--max-restarts", str(max_restarts), *mpirun]
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        errors="replace",
-        env=mpi_env(env),
-        start_new_session=True,
-    )
-    out, err = [], []
-    readers = [
-        threading.Thread(target=_lines, args=(proc.stdout, out), daemon=True),
-        threading.Thread(target=_lines, args=(proc.stderr, err), daemon=True),
-    ]
-    for r in readers:
-        r.start()
+    proc, out, err, readers = _start_wrapper(cmd, env)
     cut_at, ended = [], None
     try:
         deadline = time.monotonic() + timeout
