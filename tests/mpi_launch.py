@@ -295,6 +295,28 @@ def run_mpi(
     return run_job(cmd, timeout=timeout, env=env)
 
 
+def json_records(text: str) -> list[dict]:
+    """Every JSON object printed in `text`, wherever it starts.
+
+    Launchers forward each rank's output in the chunks they read, and with
+    `PYTHONUNBUFFERED` a `print()` is two writes (the text, then the
+    newline), so two ranks' lines can arrive as `{...}{...}\\n\\n`
+    (Hydra's mpiexec did this in CI). Scanning with `raw_decode` finds each
+    object however the lines were cut and joined."""
+    decoder = json.JSONDecoder()
+    found, at = [], text.find("{")
+    while at >= 0:
+        try:
+            obj, end = decoder.raw_decode(text, at)
+        except ValueError:
+            at = text.find("{", at + 1)
+            continue
+        if isinstance(obj, dict):
+            found.append(obj)
+        at = text.find("{", end)
+    return found
+
+
 def ok(result: MPIResult, ranks: int | None = None) -> list[dict]:
     """`result.ok(ranks)`: the records of a job that succeeded."""
     return result.ok(ranks)

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from mpi_launch import SCRIPTS, await_files, kill_job, mpi_kind, start_job
+from mpi_launch import SCRIPTS, await_files, json_records, kill_job, mpi_kind, start_job
 
 # The emulated-cluster harness is a benchmark tool, not part of the package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "benchmarks"))
@@ -189,7 +189,7 @@ def test_cut_node_restarts_on_the_survivors_and_completes(cluster3, cut):
     assert [b for e, b in second if e == 1] == list(range(second[0][1], 60)), detail
     assert [b for e, b in second if e == 2] == list(range(60)), detail
     assert run["launches"][1][-1]["event"] == "end", detail
-    records = [json.loads(x) for x in run["stdout"] if x.startswith("{")]
+    records = json_records("\n".join(run["stdout"]))
     assert sorted(r["rank"] for r in records) == [0, 1], run["stdout"]
     assert len({r["digest"] for r in records}) == 1, run["stdout"]
     # Redone work: global samples over both launches minus an uninterrupted
@@ -377,7 +377,7 @@ def test_node_lost_during_start_up_restarts_on_the_survivors(cluster3, phase):
     assert restart[0][1].endswith("lost hosts: ['kmpl3']; size: 2."), detail
     last = run["launches"][-1]
     assert last[0]["n"] == 2 and last[-1]["event"] == "end", detail
-    records = [json.loads(x) for x in run["stdout"] if x.startswith("{")]
+    records = json_records("\n".join(run["stdout"]))
     assert sorted(r["rank"] for r in records) == [0, 1], run["stdout"]
     assert len({r["digest"] for r in records}) == 1, run["stdout"]
 

@@ -9,7 +9,6 @@ jobs are in tests/test_slurm.py.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -326,7 +325,7 @@ def test_world_size_check_reads_hydras_pmi_size_for_real():
     agrees with MPI's world; a rank whose MPI cannot reach Hydra's PMI (its
     `PMI_FD` dropped before MPI starts: the rank's MPI starts a world of one,
     as another MPI's library would) is refused, naming Hydra's 2 processes."""
-    from mpi_launch import launch_command, mpi_env, mpi_kind
+    from mpi_launch import json_records, launch_command, mpi_env, mpi_kind
 
     if mpi_kind() != "hydra":
         pytest.skip("needs Hydra's mpiexec beside this Python (.ci/run's mpich end)")
@@ -339,10 +338,7 @@ def test_world_size_check_reads_hydras_pmi_size_for_real():
         timeout=300,
     )
     assert good.returncode == 0, good.stderr[-3000:]
-    rows = sorted(
-        (json.loads(ln) for ln in good.stdout.splitlines() if ln.startswith("{")),
-        key=lambda r: r["rank"],
-    )
+    rows = sorted(json_records(good.stdout), key=lambda r: r["rank"])
     assert [(r["rank"], r["world"], r["size"]) for r in rows] == [(0, 2, 2), (1, 2, 2)]
     assert all("Hydra" in r["launcher"] for r in rows), rows
     assert sorted(tuple(r["local"]) for r in rows) == [(0, 2), (1, 2)]

@@ -18,7 +18,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from mpi_launch import MPIResult, kill_job, ok, run_mpi, start_job
+from mpi_launch import MPIResult, json_records, kill_job, ok, run_mpi, start_job
 from slurm_launch import ROOT, adapted_sbatch, run_sbatch, run_srun, slurm  # noqa: F401
 
 # Every test here starts a Slurm job (srun/sbatch launches the ranks).
@@ -76,11 +76,10 @@ def test_documented_sbatch_script_runs(tmp_path):
     outputs = list(tmp_path.glob(f"*-{job_id}.out"))
     assert len(outputs) == 1, (list(tmp_path.iterdir()), result.describe())
     log = outputs[0].read_text()
-    lines = [line for line in log.splitlines() if line.startswith("{")]
-    assert len(lines) == 2, log[-3000:]
+    recs = json_records(log)
+    assert len(recs) == 2, log[-3000:]
     assert log.count("Epoch 3/3") == 1, log[-3000:]
     assert "help file" not in log, log[-3000:]
-    recs = [json.loads(line) for line in lines]
     assert {r["size"] for r in recs} == {2} and len({r["digest"] for r in recs}) == 1
     assert time.monotonic() - start < 400
 
@@ -212,7 +211,7 @@ def test_restart_recipe_relaunches_a_killed_rank_and_requeues_when_preempted(
     ).stdout
     assert "Restarts=1" in shown and "JobState=COMPLETED" in shown, shown
 
-    recs = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+    recs = json_records(log)
     starts: dict = {}
     for r in recs:
         if "start" in r:
