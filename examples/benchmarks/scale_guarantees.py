@@ -141,6 +141,16 @@ def mem_available_gb() -> float | None:
     return None
 
 
+def placement(recs: list[dict], n: int) -> tuple[dict, bool | None]:
+    """Ranks per host, and on the emulated cluster whether they are N/K on
+    each of its K nodes (None on one machine: nothing to check)."""
+    hosts = dict(sorted(Counter(r.get("host") for r in recs).items()))
+    if CLUSTER is None:
+        return hosts, None
+    want = {CLUSTER.node(k): n // CLUSTER.nodes for k in range(1, CLUSTER.nodes + 1)}
+    return hosts, hosts == want
+
+
 def rel(a: float, b: float) -> float:
     return abs(a - b) / max(abs(b), 1e-12)
 
@@ -186,6 +196,9 @@ def check_fit(n, out_dir, mpi_args, timeout) -> dict:
         res["checks"] = checks
         res["output_tail"] = (out + err)[-4000:]
         return res
+    res["ranks_per_host"], placed = placement(recs, n)
+    if placed is not None:
+        checks["ranks_placed_evenly_on_the_nodes"] = placed
     root = recs[0]
     checks["variables_bitwise_equal"] = len({r["digest"] for r in recs}) == 1
     checks["logs_same_on_all_ranks"] = all(
@@ -296,6 +309,9 @@ def check_preempt(n, out_dir, mpi_args, timeout) -> dict:
         "one_backup": len(backups) == 1
         and (own / backups[0] / "latest.weights.h5").exists(),
     }
+    res["ranks_per_host"], placed = placement(recs, n)
+    if placed is not None:
+        res["checks"]["ranks_placed_evenly_on_the_nodes"] = placed
     if not all(res["checks"].values()):
         res["output_tail"] = (out + err)[-4000:]
     return res
@@ -373,6 +389,15 @@ def main(argv=None) -> int:
         "command": " ".join([os.path.relpath(__file__)] + (argv or sys.argv[1:])),
         "nodes": args.nodes or None,
         "rate": args.rate if args.nodes else None,
+        # The settings, by flag (report.py --check compares the documented
+        # command with them).
+        "args": {
+            "np": args.np,
+            "modes": args.modes,
+            "timeout": args.timeout,
+            "nodes": args.nodes,
+            "rate": args.rate,
+        },
         "runs": {},
     }
     if not args.nodes:
