@@ -33,7 +33,10 @@ ratios are medians of per-round ratios):
 
 Node K is pinned to core (K-1) % cores; with 3 or 4 nodes on a 2-core machine
 two nodes share a core, so compute-bound figures at N > cores are
-oversubscribed (the JSON records the core count).
+oversubscribed (the JSON records the core count). `--ranks-per-node R`
+(default 1) puts R ranks on each node (R x nodes ranks; they share their
+node's core). `--private-tmp` gives every node its own /tmp (as on a real
+cluster); the jobs' JSON then goes through a directory every node sees.
 """
 
 import argparse
@@ -84,16 +87,28 @@ RING = [
 
 
 def run_job(
-    cluster, nodes, argv, env=None, timeout=3600, extra=(), python=None, out=None
+    cluster,
+    nodes,
+    argv,
+    env=None,
+    timeout=3600,
+    extra=(),
+    python=None,
+    out=None,
+    ranks_per_node=1,
 ):
     # `out`: where rank 0 writes its JSON (a path every node sees, e.g. in
-    # `cluster.shared_dir()`, when the nodes have their own /tmp).
+    # `cluster.shared_dir()`, when the nodes have their own /tmp; the
+    # default is one when they do).
+    if out is None and getattr(cluster, "private_tmp", False):
+        out = cluster.shared_dir("job") / "job.json"
     tmp = Path(out or f"/tmp/kmp_cluster_job_{os.getpid()}.json")
     tmp.unlink(missing_ok=True)
     cmd = cluster.mpirun_command(
         [python or sys.executable, *map(str, argv), "--out", str(tmp)],
         nodes=nodes,
         extra=list(extra),
+        ranks_per_node=ranks_per_node,
     )
     t0 = time.time()
     res = subprocess.run(
@@ -154,7 +169,15 @@ def summarize(job):
     return s
 
 
-def horovod_rows(cluster, n, rate, rounds, horovod_python, models=tuple(HVD_PAIRS)):
+def horovod_rows(
+    cluster,
+    n,
+    rate,
+    rounds,
+    horovod_python,
+    models=tuple(HVD_PAIRS),
+    ranks_per_node=1,
+):
     """Ours vs Horovod on one node count and rate: jobs interleaved by pair."""
     rows = []
     for model, pairs in HVD_PAIRS.items():
@@ -163,23 +186,29 @@ def horovod_rows(cluster, n, rate, rounds, horovod_python, models=tuple(HVD_PAIR
         auto = HVD_AUTO[model]
         ours = {c: [] for c in [*pairs, auto]}
         hvd = {c: [] for c in pairs.values()}
-        decisions = []
+        decisions, hosts = [], None
         for r in range(rounds):
             label = f"{model} {n} nodes {rate} pair {r + 1}"
             print(f"== {label}", flush=True)
             common = ["--model", model, "--rounds", "1", "--label", label]
             job = run_job(
-                cluster, n, [WORKER, *common, "--configs", ",".join(ours)], extra=RING
+                cluster,
+                n,
+                [WORKER, *common, "--configs", ",".join(ours)],
+                extra=RING,
+                ranks_per_node=ranks_per_node,
             )
             for c in ours:
                 ours[c] += job["seconds_per_step"][c]
             decisions.append(job.get("wire_auto", {}))
+            hosts = hosts or job.get("hosts")  # where our ranks ran, in rank order
             job = run_job(
                 cluster,
                 n,
                 [HVD_WORKER, *common, "--configs", ",".join(pairs.values())],
                 extra=RING,
                 python=horovod_python,
+                ranks_per_node=ranks_per_node,
             )
             for c in pairs.values():
                 hvd[c] += job["seconds_per_step"][c]
@@ -200,6 +229,8 @@ def horovod_rows(cluster, n, rate, rounds, horovod_python, models=tuple(HVD_PAIR
                 "name": f"horovod_{model}",
                 "model": model,
                 "nodes": n,
+                "ranks_per_node": ranks_per_node,
+                "hosts": hosts,
                 "rate": rate,
                 "allreduce_algorithm": "ring",
                 "seconds_per_step": {"ours": ours, "horovod": hvd},
@@ -208,6 +239,15 @@ def horovod_rows(cluster, n, rate, rounds, horovod_python, models=tuple(HVD_PAIR
             }
         )
     return rows
+
+
+def ranks_per_node(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"--ranks-per-node must be >= 1; received {value}."
+        )
+    return value
 
 
 def main():
@@ -219,12 +259,16 @@ def main():
     )
     p.add_argument("--horovod-venv", default=".venv-horovod")
     p.add_argument(
+        "--ranks-per-node", type=ranks_per_node, default=1, help="ranks on each node"
+    )
+    p.add_argument(
         "--hvd-models", default="dense,imdb", help="horovod suite: models to run"
     )
     p.add_argument("--nodes", default=None, help="comma-separated node counts")
     p.add_argument("--rates", default="10gbit,1gbit")
     p.add_argument("--models", default="facts,dense")
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--private-tmp", action="store_true", help="each node its own /tmp")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     default_nodes = {
@@ -240,7 +284,7 @@ def main():
         sys.exit(f"--horovod-venv {args.horovod_venv!r}: run horovod_setup.sh first")
     nodes = [int(k) for k in (args.nodes or default_nodes[args.suite]).split(",")]
     rates = args.rates.split(",") if args.suite != "sparse" else ["1gbit"]
-    cluster = Cluster(max(nodes), rates[0])
+    cluster = Cluster(max(nodes), rates[0], private_tmp=args.private_tmp)
     cluster.up()
     results = {
         "suite": args.suite,
@@ -254,6 +298,7 @@ def main():
             "models": args.models,
             "hvd_models": args.hvd_models,
             "rounds": args.rounds,
+            "ranks_per_node": args.ranks_per_node,
         },
         "jobs": [],
     }
@@ -276,6 +321,7 @@ def main():
                         args.rounds,
                         horovod_python,
                         models=args.hvd_models.split(","),
+                        ranks_per_node=args.ranks_per_node,
                     )
                     save()
                     continue
@@ -340,10 +386,20 @@ def main():
                     extra += [] if args.suite == "link" else ["--label", label]
                     ring = args.suite != "link" or name == "ring"
                     job = run_job(
-                        cluster, n, [*argv, *extra], env=env, extra=RING if ring else ()
+                        cluster,
+                        n,
+                        [*argv, *extra],
+                        env=env,
+                        extra=RING if ring else (),
+                        ranks_per_node=args.ranks_per_node,
                     )
                     job["allreduce_algorithm"] = "ring" if ring else "Open MPI default"
-                    job.update(name=name, nodes=n, rate=rate)
+                    job.update(
+                        name=name,
+                        nodes=n,
+                        rate=rate,
+                        ranks_per_node=args.ranks_per_node,
+                    )
                     if args.suite != "link":
                         job["ratios"] = summarize(job)
                         print(json.dumps(job["ratios"], indent=1), flush=True)

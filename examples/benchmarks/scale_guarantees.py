@@ -4,10 +4,17 @@
         --np 8 16 24 --out docs/benchmarks/scale_guarantees.json
     flock /tmp/bigrun.lock python examples/benchmarks/scale_guarantees.py \
         --np 2 4 8 16 24 --modes fit --out docs/benchmarks/scale_costs.json
+    # 16 ranks on 4 emulated nodes (root; examples/benchmarks/cluster.py):
+    python examples/benchmarks/scale_guarantees.py --np 16 --nodes 4 \
+        --rate 1gbit --out docs/benchmarks/scale_guarantees_4nodes.json
 
 Each N is `mpirun -np N --oversubscribe --bind-to none` of
 `scale_worker.py`, one compute thread per rank (`KERAS_MPFP16_THREADS=1,1`),
-with the library's default stall inspector and heartbeats. Per N:
+with the library's default stall inspector and heartbeats. With `--nodes K`
+the ranks are placed N/K per node on K emulated nodes instead (an emulated
+cluster of `cluster.py`, brought up for the run and down after it, each node
+with its own /tmp; the launch is the cluster's own `mpirun_command`, the
+ranks' files go to a directory every node sees). Per N:
 
 - `fit` (the healthy run): every model and optimizer variable bitwise equal
   on all ranks after `fit`; the global logs (loss, mae, val_loss, val_mae)
@@ -74,20 +81,27 @@ def environment(extra: dict | None = None) -> dict:
     return env
 
 
+# The emulated cluster the ranks run on (`--nodes`); None: one machine.
+CLUSTER = None
+
+
 def launch(n: int, mode: str, out_dir: Path, mpi_args: list[str], env: dict):
-    cmd = [
-        mpirun(),
-        "-np",
-        str(n),
-        "--oversubscribe",
-        "--bind-to",
-        "none",
-        *mpi_args,
-        sys.executable,
-        str(WORKER),
-        mode,
-        str(out_dir),
-    ]
+    argv = [sys.executable, str(WORKER), mode, str(out_dir)]
+    if CLUSTER is not None:
+        cmd = CLUSTER.mpirun_command(
+            argv, ranks_per_node=n // CLUSTER.nodes, extra=mpi_args
+        )
+    else:
+        cmd = [
+            mpirun(),
+            "-np",
+            str(n),
+            "--oversubscribe",
+            "--bind-to",
+            "none",
+            *mpi_args,
+            *argv,
+        ]
     return subprocess.Popen(
         cmd,
         stdout=subprocess.PIPE,
@@ -115,6 +129,26 @@ def records(out_dir: Path, n: int) -> list[dict]:
         if path.exists():
             found.append(json.loads(path.read_text()))
     return found
+
+
+def mem_available_gb() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    return None
+
+
+def placement(recs: list[dict], n: int) -> tuple[dict, bool | None]:
+    """Ranks per host, and on the emulated cluster whether they are N/K on
+    each of its K nodes (None on one machine: nothing to check)."""
+    hosts = dict(sorted(Counter(r.get("host") for r in recs).items()))
+    if CLUSTER is None:
+        return hosts, None
+    want = {CLUSTER.node(k): n // CLUSTER.nodes for k in range(1, CLUSTER.nodes + 1)}
+    return hosts, hosts == want
 
 
 def rel(a: float, b: float) -> float:
@@ -162,6 +196,9 @@ def check_fit(n, out_dir, mpi_args, timeout) -> dict:
         res["checks"] = checks
         res["output_tail"] = (out + err)[-4000:]
         return res
+    res["ranks_per_host"], placed = placement(recs, n)
+    if placed is not None:
+        checks["ranks_placed_evenly_on_the_nodes"] = placed
     root = recs[0]
     checks["variables_bitwise_equal"] = len({r["digest"] for r in recs}) == 1
     checks["logs_same_on_all_ranks"] = all(
@@ -272,6 +309,9 @@ def check_preempt(n, out_dir, mpi_args, timeout) -> dict:
         "one_backup": len(backups) == 1
         and (own / backups[0] / "latest.weights.h5").exists(),
     }
+    res["ranks_per_host"], placed = placement(recs, n)
+    if placed is not None:
+        res["checks"]["ranks_placed_evenly_on_the_nodes"] = placed
     if not all(res["checks"].values()):
         res["output_tail"] = (out + err)[-4000:]
     return res
@@ -313,27 +353,85 @@ def main(argv=None) -> int:
     p.add_argument(
         "--mpi-args", default="", help="extra mpirun arguments (e.g. a hostfile)"
     )
-    p.add_argument("--label", default="one machine, oversubscribed")
+    p.add_argument("--label", default=None, help="the setup, in words")
+    p.add_argument(
+        "--nodes",
+        type=int,
+        default=0,
+        help="place the ranks on this many emulated nodes (root; cluster.py), "
+        "N/nodes per node; 0: one machine",
+    )
+    p.add_argument("--rate", default="1gbit", help="the nodes' link rate (--nodes)")
     args = p.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
     for m in modes:
         if m not in CHECKS:
             p.error(f"unknown mode {m!r}; allowed: {', '.join(CHECKS)}")
+    if args.nodes < 0:
+        p.error(f"--nodes must be >= 0; received {args.nodes}.")
+    if args.nodes:
+        uneven = [n for n in args.np if n % args.nodes or n < args.nodes]
+        if uneven:
+            p.error(
+                f"--np {' '.join(map(str, uneven))}: every N must be a multiple "
+                f"of --nodes {args.nodes} (the same ranks on every node)."
+            )
+    setup = args.label or (
+        f"{args.nodes} emulated nodes at {args.rate}, N/{args.nodes} ranks per "
+        "node, each node's /tmp its own"
+        if args.nodes
+        else "one machine, oversubscribed"
+    )
     result = {
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "setup": args.label,
+        "setup": setup,
         "machine": f"{platform.node()}, {os.cpu_count()} cores",
         "command": " ".join([os.path.relpath(__file__)] + (argv or sys.argv[1:])),
+        "nodes": args.nodes or None,
+        "rate": args.rate if args.nodes else None,
+        # The settings, by flag (report.py --check compares the documented
+        # command with them).
+        "args": {
+            "np": args.np,
+            "modes": args.modes,
+            "timeout": args.timeout,
+            "nodes": args.nodes,
+            "rate": args.rate,
+        },
         "runs": {},
     }
+    if not args.nodes:
+        return run_all(args, modes, result)
+    global CLUSTER
+    sys.path.insert(0, str(HERE))
+    from cluster import Cluster  # examples/benchmarks/cluster.py
+
+    with Cluster(nodes=args.nodes, rate=args.rate, private_tmp=True) as c:
+        CLUSTER = c
+        try:
+            return run_all(args, modes, result)
+        finally:
+            CLUSTER = None
+
+
+def run_all(args, modes, result) -> int:
     ok = True
     for n in args.np:
         result["runs"][str(n)] = {}
         for mode in modes:
-            out_dir = Path(tempfile.mkdtemp(prefix=f"kmp-scale-{mode}-{n}-"))
+            if CLUSTER is not None:
+                # The ranks' files: where every node (and this process) sees
+                # them; each node's /tmp is its own.
+                out_dir = CLUSTER.shared_dir(f"scale-{mode}-{n}")
+            else:
+                out_dir = Path(tempfile.mkdtemp(prefix=f"kmp-scale-{mode}-{n}-"))
+            load_before = os.getloadavg()
             t0 = time.monotonic()
             res = CHECKS[mode](n, out_dir, args.mpi_args.split(), args.timeout)
             res["job_s"] = round(time.monotonic() - t0, 1)
+            res["loadavg_before"] = load_before
+            res["loadavg_after"] = os.getloadavg()
+            res["mem_available_gb_after"] = mem_available_gb()
             result["runs"][str(n)][mode] = res
             failed = [k for k, v in res["checks"].items() if not v]
             ok &= not failed

@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import resource
+import socket
 import statistics
 import sys
 import time
@@ -193,6 +194,7 @@ except kmp.Preempted as exc:
         f"rank{rank}.json",
         {
             "rank": rank,
+            "host": socket.gethostname(),
             "preempted": True,
             "signal": exc.signal,
             "epoch": exc.epoch,
@@ -213,6 +215,7 @@ status = open("/proc/self/status").read()
 rss_kb = int(status.split("VmRSS:")[1].split()[0])
 record = {
     "rank": rank,
+    "host": socket.gethostname(),
     "size": n,
     "digest": h.hexdigest(),
     "history": hist.history,
