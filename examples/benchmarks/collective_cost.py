@@ -27,17 +27,22 @@ in one process (the order rotates every repetition):
   crossing_numpy one `tf.numpy_function` that only hands its input back
                  (the crossing alone: no MPI, no wait for another rank)
   crossing_py    the same through one `tf.py_function`
-  float32_local  the float32 wire's train-step path with its MPI call
-                 replaced by a copy into the output (the crossing, the
-                 concat/split, the host copies and finite check, the
-                 observers: everything but the network and the wait)
+  float32_local  the float32 wire's train-step path with the library's
+                 MPI call replaced by a copy into the output (the crossing,
+                 the concat/split, the host copies and finite check:
+                 everything but the MPI call, its observers and the wait)
   float16_local  the 16-bit path likewise (Alltoall and Allgather replaced
                  by the copies one rank would receive from itself)
 
-So, per collective: crossing = crossing_numpy - graph_call; copies and graph work =
-float32_local - crossing_numpy; the MPI call for a tiny message = mpi; what
-is left of float32_wire (float32_wire - float32_local - mpi) is waiting for
-the other ranks to reach the call (scheduling, skew).
+So, per collective: crossing = crossing_numpy - graph_call; copies and
+graph work = float32_local - crossing_numpy; the MPI call for a tiny
+message = mpi; observers = collectives - mpi; what is left of float32_wire
+(float32_wire - float32_local - mpi) is waiting for the other ranks to
+reach the call (scheduling, skew), and the observers.
+
+With `--hosts` (and `--mpirun-flags`), each job runs on those hosts, one
+rank per host (netns-cluster's emulated nodes; docs/scaling.md, "What one
+collective costs", has the commands).
 
 With `--before C`, every job runs twice per round, interleaved (the order
 alternates): the package at commit C (exported with `git archive`, first on

@@ -1,7 +1,8 @@
 """Step-time model calibrated on the emulated cluster; the paper's points predicted.
 
     python examples/benchmarks/scaling_model.py \
-        --main docs/benchmarks/cluster_main.json \
+        --main docs/benchmarks/cluster_main.json --link docs/benchmarks/cluster_link.json \
+        --per-collective docs/benchmarks/collective_cost_nodes.json \
         --out docs/benchmarks/scaling_model.json --plot docs/benchmarks/scaling_model.png
 
 The model of one synchronous data-parallel train step on N nodes:
