@@ -113,7 +113,15 @@ def test_in_step_reduction_wires_paths_step_check_and_call_counts(np_):
         # One gradient call per train step: the step check rides in the bucket.
         assert r["calls_dense_float32"] == {"Allreduce": 1.0}, r
         assert r["calls_embedding_float32"] == {"Allgatherv": 1.0, "Allreduce": 1.0}
+        # One crossing into Python per collective of the step: the gradient
+        # bucket's and the metrics' (the epoch is read in the graph, not by a
+        # numpy_function of its own: issue 40).
+        assert r["crossings_dense_float32"] == {"numpy_function": 2.0}, r
         for wire in ("float16", "bfloat16"):
+            assert r[f"crossings_dense_{wire}"] == {
+                "numpy_function": 1.0,
+                "py_function": 1.0,
+            }, r
             assert r[f"calls_dense_{wire}"] == {"Allgather": 1.0, "Alltoall": 1.0}
             assert r[f"calls_embedding_{wire}"] == {
                 "Allgather": 1.0,

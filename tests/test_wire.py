@@ -175,3 +175,31 @@ def test_sparse_mode_is_validated(monkeypatch):
     with pytest.raises(ValueError, match="auto, dense, sparse"):
         tf_sparse.sparse_mode()
     assert tf_sparse.sparse_mode("dense") == "dense"
+
+
+def test_epoch_tensor_follows_set_epoch_at_run_time():
+    """The step reads the epoch from a variable `progress.set_epoch` assigns
+    (no crossing into Python): a function traced after an epoch was set (as
+    `fit` does) traces once and sees every later epoch, also one set inside
+    another function's trace."""
+    from keras_mpfp16.runtime import progress
+
+    saved = progress.epoch()
+    try:
+        progress.set_epoch(3)
+        read = tf.function(lambda: tf_steps.epoch_tensor())
+        assert int(read()) == 3
+        progress.set_epoch(7)  # no retrace: the same graph reads the new value
+        assert int(read()) == 7
+        assert read.experimental_get_tracing_count() == 1
+
+        @tf.function
+        def sets_while_traced():
+            progress.set_epoch(11)  # Python, at trace time: assigned eagerly
+            return tf.constant(0)
+
+        sets_while_traced()
+        assert int(read()) == 11
+        assert tf_steps.epoch_tensor().dtype == tf.int64
+    finally:
+        progress.set_epoch(saved)

@@ -21,6 +21,28 @@ in one process (the order rotates every repetition):
                  owner's float32 sum, Allgather, decode)
   mpi_x2         two mpi4py collectives back to back (Alltoall + Allgather
                  of the 16-bit rows): the 16-bit wire's own floor
+  graph_call     a `tf.function` that only hands its input back (the cost
+                 of calling a compiled function from Python: once per train
+                 step, not per collective)
+  crossing_numpy one `tf.numpy_function` that only hands its input back
+                 (the crossing alone: no MPI, no wait for another rank)
+  crossing_py    the same through one `tf.py_function`
+  float32_local  the float32 wire's train-step path with the library's
+                 MPI call replaced by a copy into the output (the crossing,
+                 the concat/split, the host copies and finite check:
+                 everything but the MPI call, its observers and the wait)
+  float16_local  the 16-bit path likewise (Alltoall and Allgather replaced
+                 by the copies one rank would receive from itself)
+
+So, per collective: crossing = crossing_numpy - graph_call; copies and
+graph work = float32_local - crossing_numpy; the MPI call for a tiny
+message = mpi; observers = collectives - mpi; what is left of float32_wire
+(float32_wire - float32_local - mpi) is waiting for the other ranks to
+reach the call (scheduling, skew), and the observers.
+
+With `--hosts` (and `--mpirun-flags`), each job runs on those hosts, one
+rank per host (netns-cluster's emulated nodes; docs/scaling.md, "What one
+collective costs", has the commands).
 
 With `--before C`, every job runs twice per round, interleaved (the order
 alternates): the package at commit C (exported with `git archive`, first on
@@ -55,6 +77,11 @@ LAYERS = (
     "float32_wire",
     "float16_wire",
     "mpi_x2",
+    "graph_call",
+    "crossing_numpy",
+    "crossing_py",
+    "float32_local",
+    "float16_local",
 )
 
 
@@ -105,6 +132,55 @@ def worker(args) -> None:
         return call
 
     f32, f16 = wire_fn("float32"), wire_fn("float16")
+    f32_local, f16_local = wire_fn("float32"), wire_fn("float16")
+
+    @tf.function(autograph=False)
+    def graph_call(t):
+        return tf.identity(t)
+
+    @tf.function(autograph=False)
+    def cross_numpy(t):
+        return tf.numpy_function(lambda a: a, [t], tf.float32, stateful=True)
+
+    @tf.function(autograph=False)
+    def cross_py(t):
+        return tf.py_function(lambda a: a, [t], tf.float32)
+
+    def arr(b):  # a numpy array or the library's DLPack view of a tensor
+        return b if isinstance(b, np.ndarray) else np.from_dlpack(b)
+
+    def local_copy(send, recv, name):  # what MPI would do at N = 1
+        np.copyto(arr(recv), arr(send))
+
+    def local_alltoall(send, recv, name):  # this rank's own block, n times
+        arr(recv)[...] = arr(send)[kmp.rank() : kmp.rank() + 1]
+
+    def local_allgather(send, recv, name, block_bytes=None, ring_min_bytes=None):
+        arr(recv)[...] = arr(send)
+
+    real = (
+        collectives.allreduce_sum_into,
+        collectives.alltoall_into,
+        collectives.allgather_into,
+    )
+
+    def without_mpi(fn):
+        def call():
+            (
+                collectives.allreduce_sum_into,
+                collectives.alltoall_into,
+                collectives.allgather_into,
+            ) = (local_copy, local_alltoall, local_allgather)
+            try:
+                return fn(flat).numpy()
+            finally:
+                (
+                    collectives.allreduce_sum_into,
+                    collectives.alltoall_into,
+                    collectives.allgather_into,
+                ) = real
+
+        return call
 
     def x2():
         comm.Alltoall(rows, rows_recv)
@@ -118,6 +194,11 @@ def worker(args) -> None:
         "float32_wire": lambda: f32(flat).numpy(),
         "float16_wire": lambda: f16(flat).numpy(),
         "mpi_x2": x2,
+        "graph_call": lambda: graph_call(flat).numpy(),
+        "crossing_numpy": lambda: cross_numpy(flat).numpy(),
+        "crossing_py": lambda: cross_py(flat).numpy(),
+        "float32_local": without_mpi(f32_local),
+        "float16_local": without_mpi(f16_local),
     }
     layers = [layer for layer in args.layers.split(",")]
     for layer in layers:
@@ -146,11 +227,17 @@ def run_job(ranks: int, args, pythonpath: str = str(ROOT)) -> dict:
     from mpi_launch import mpi_env, mpirun_path
 
     env = mpi_env({"PYTHONPATH": pythonpath})
+    if args.hosts:  # emulated nodes: their first `ranks` hosts, one rank each
+        hosts = ",".join(args.hosts.split(",")[:ranks])
+        place = ["--host", hosts, *args.mpirun_flags.split()]
+        place += [w for k in ("PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL") for w in ("-x", k)]
+    else:
+        place = ["--oversubscribe"]
     cmd = [
         mpirun_path(),
         "-np",
         str(ranks),
-        "--oversubscribe",
+        *place,
         sys.executable,
         str(Path(__file__).resolve()),
         "--worker",
@@ -184,6 +271,17 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=1, help="jobs per N, interleaved")
     p.add_argument("--layers", default=",".join(LAYERS))
     p.add_argument("--before", help="also run the package at this commit")
+    p.add_argument(
+        "--hosts",
+        help="run on these hosts (e.g. node1:1,...,node4:1 of netns-cluster), "
+        "the first N for N ranks, instead of --oversubscribe on this machine",
+    )
+    p.add_argument(
+        "--mpirun-flags",
+        default="",
+        help="more mpirun flags with --hosts (e.g. $(netns-cluster flags))",
+    )
+    p.add_argument("--where", default="one box", help="where it ran, for the JSON")
     p.add_argument("--out")
     args = p.parse_args(argv)
     if args.worker:
@@ -204,7 +302,8 @@ def main(argv=None) -> int:
             text=True,
             check=True,
         ).stdout.strip()
-        tmp = tempfile.TemporaryDirectory(prefix="kmp-before-")
+        # Not under /tmp: emulated nodes with a private /tmp must see it.
+        tmp = tempfile.TemporaryDirectory(prefix="kmp-before-", dir="/var/tmp")
         export_commit(commit, Path(tmp.name))
         versions = {f"before {commit}": tmp.name, "now": str(ROOT)}
     results = {v: {str(r): [] for r in ranks} for v in versions}
@@ -240,6 +339,8 @@ def main(argv=None) -> int:
                     "reps": args.reps,
                     "rounds": args.rounds,
                     "before": args.before,
+                    "where": args.where,
+                    "hosts": args.hosts,
                     "loaded_machine": True,
                     "cores": os.cpu_count(),
                     "results": results,

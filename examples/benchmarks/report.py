@@ -1640,6 +1640,215 @@ def collective_cost(folder):
     )
 
 
+def _layer_medians(jobs) -> dict:
+    """{layer: median over the jobs of each job's median us per call}."""
+    layers = jobs[0]["layers"]
+    return {
+        k: statistics.median(j["layers"][k]["median_us"] for j in jobs) for k in layers
+    }
+
+
+def _split_row(m: dict) -> list:
+    """One collective's cost, split (us): what each layer adds to the one below."""
+
+    def us(x):
+        return f"{x:.0f}" if abs(x) >= 10 else f"{x:.1f}"
+
+    return [
+        us(m["graph_call"]),
+        us(m["crossing_numpy"] - m["graph_call"]),
+        us(m["crossing_py"] - m["graph_call"]),
+        us(m["float32_local"] - m["crossing_numpy"]),
+        us(m["float16_local"] - m["crossing_py"]),
+        us(m["mpi"]),
+        us(m["mpi_x2"]),
+        us(m["collectives"] - m["mpi"]),
+        us(m["float32_wire"] - m["float32_local"] - m["mpi"]),
+        us(m["float32_wire"]),
+        us(m["float16_wire"]),
+    ]
+
+
+SPLIT_HEADER = [
+    "compiled-function call (once per step)",
+    "crossing: `numpy_function`",
+    "crossing: `py_function`",
+    "copies and graph work, float32 wire",
+    "copies, codec and graph work, 16-bit wire",
+    "MPI `Allreduce`, 4 KiB",
+    "MPI `Alltoall` + `Allgather`",
+    "library observers",
+    "waiting for the other ranks (float32)",
+    "float32 wire, whole",
+    "16-bit wire, whole",
+]
+
+
+def _split_table(folder, *names: str, only: str | None = None) -> str:
+    """The split of one collective's cost, a row per N (and version), from
+    collective_cost.py's JSON files (`only`: that version of each)."""
+    rows, loads, settings = [], [], []
+    for name in names:
+        d = load(folder, name)
+        res = d["results"]
+        versions = res if d.get("before") else {"now": res}
+        if only:
+            versions = {only: versions[only]}
+        for v, per_n in versions.items():
+            for n, jobs in per_n.items():
+                if not jobs:
+                    continue
+                loads += [x for j in jobs for x in j["load"]]
+                label = f"{n}" if len(versions) == 1 else f"{n}, {v}"
+                rows.append([label, len(jobs), *_split_row(_layer_medians(jobs))])
+        settings.append(
+            f"N = {', '.join(res_ns(d))}: {d['calls']} calls x {d['reps']} "
+            "repetitions per job"
+        )
+    where = d.get("where", "one box")
+    return (
+        f"*{where}; {d['elements']} float32 values per call; "
+        f"{'; '.join(settings)} (median, slowest rank; the median over jobs); "
+        f"{d['cores']} cores; loaded machine (two other engineers' jobs), load "
+        f"average {min(loads):.0f}-{max(loads):.0f}; microseconds per call*\n\n"
+        + md(["N", "jobs", *SPLIT_HEADER], rows)
+    )
+
+
+def res_ns(d: dict) -> list[str]:
+    res = d["results"]
+    per_n = res["now"] if d.get("before") else res
+    return [n for n, jobs in per_n.items() if jobs]
+
+
+@table("collective_split_box")
+def collective_split_box(folder):
+    return _split_table(
+        folder, "collective_cost_cut.json", "collective_cost_box.json", only="now"
+    )
+
+
+@table("collective_split_nodes")
+def collective_split_nodes(folder):
+    return _split_table(folder, "collective_cost_nodes.json")
+
+
+@table("collective_split_nodes_10gbit")
+def collective_split_nodes_10gbit(folder):
+    return _split_table(folder, "collective_cost_nodes_10gbit.json")
+
+
+@table("collective_cut")
+def collective_cut(folder):
+    d = load(folder, "collective_cost_cut.json")
+    res = d["results"]
+    before = next(v for v in res if v.startswith("before"))
+    rows, loads = [], []
+    for n in res["now"]:
+        for layer in (
+            "float32_local",
+            "float16_local",
+            "float32_wire",
+            "float16_wire",
+            "graph_call",
+            "mpi",
+        ):
+            b = [j["layers"][layer]["median_us"] for j in res[before][n]]
+            a = [j["layers"][layer]["median_us"] for j in res["now"][n]]
+            ratios = [x / y for x, y in zip(a, b)]
+            rows.append(
+                [
+                    n,
+                    f"`{layer}`",
+                    fmt_list(b),
+                    fmt_list(a),
+                    fmt_list(ratios, "{:.2f}"),
+                    f"{statistics.median(ratios):.2f}",
+                ]
+            )
+        loads += [x for v in (before, "now") for j in res[v][n] for x in j["load"]]
+    return (
+        f"*one box, {d['rounds']} interleaved rounds (one job per version per "
+        f"round, the order alternating), {d['calls']} calls x {d['reps']} "
+        "repetitions per job (median, slowest rank); loaded machine (two other "
+        f"engineers' jobs), load average {min(loads):.0f}-{max(loads):.0f}; "
+        "microseconds per call*\n\n"
+        + md(
+            [
+                "N",
+                "layer",
+                f"{before} (per round)",
+                "now (per round)",
+                "now / before (per round)",
+                "median ratio",
+            ],
+            rows,
+        )
+    )
+
+
+@table("scaling_model_fit")
+def scaling_model_fit(folder):
+    d = load(folder, "scaling_model.json")
+    rows = []
+    for rate, f in sorted(d["fit"].items(), key=lambda kv: -int(kv[0][:-4])):
+        o, L = f["overhead_o_s"], f["latency_L_s_per_doubling"]
+        B = f["bandwidth_B_bytes_per_s"]
+        rows.append(
+            [
+                rate.replace("gbit", " Gbit/s"),
+                f"{o['f32'] * 1e3:.2f} / {o['16'] * 1e3:.2f} ms",
+                f"{L['f32'] * 1e3:.2f} / {L['16'] * 1e3:.2f} ms",
+                f"{B / 1e6:.0f} MB/s ({B * 8 / 1e9:.2f} Gbit/s)",
+                f"{f['codec_g_s_per_param'] * 1e9:.1f} ns/param",
+            ]
+        )
+    h = d["held_out_summary"]
+    return (
+        f"*o and L measured ({d['inputs']['per_collective']}: float32 / 16-bit "
+        f"wire), B and g fitted on N = "
+        f"{', '.join(str(n) for n in d['inputs']['fit_nodes'])}; held out "
+        f"(N = 4, {h['points']} points): predicted / measured step time "
+        f"{h['step_ratio_min']:.2f}-{h['step_ratio_max']:.2f}*\n\n"
+        + md(
+            ["link", "o (per step)", "L (per doubling)", "B", "g (16-bit codec)"],
+            rows,
+        )
+    )
+
+
+@table("scaling_model_predictions")
+def scaling_model_predictions(folder):
+    d = load(folder, "scaling_model.json")
+    rows = []
+    short = {
+        "this CPU, scaled by parameters": "CPU",
+        "10x faster (assumed GPU)": "GPU?",
+    }
+    order = {"measured L": 0, "link L": 1}
+    preds = sorted(
+        d["predictions_100gbit"],
+        key=lambda r: (r["params"], order.get(r["latency"], 2), r["compute_s"] < 1),
+    )
+    for r in preds:
+        if r["compute"].startswith("this CPU") and r["params"] > 10_000_000:
+            continue  # >= 0.99 whatever L: in the JSON
+        rows.append(
+            [
+                r["model"] if r["params"] < 10_000_000 else "70M parameters",
+                r["wire"],
+                f"{short[r['compute']]} {r['compute_s']:.3g} s",
+                r["latency"].replace(" L", ""),
+                *(f"{r['efficiency'][n]:.3f}" for n in ("4", "20", "100")),
+                f"{r['seed_form_c']:.2g}",
+            ]
+        )
+    return "*100 Gbit/s, predicted; parallel efficiency compute / T(N)*\n\n" + md(
+        ["model", "wire", "compute", "L", "N = 4", "N = 20", "N = 100", "seed form c"],
+        rows,
+    )
+
+
 @table("owner_sum_cost")
 def owner_sum_cost(folder):
     d = load(folder, "owner_sum_cost.json")

@@ -55,12 +55,38 @@ def check_step_table(table, what: str) -> None:
     )
 
 
+_epoch_variable = None
+
+
+def _set_epoch_variable(epoch: int) -> None:
+    """`progress.set_epoch`'s listener: the host variable the step reads,
+    made on the first call. Eagerly, even when called inside a trace; `fit`
+    sets the epoch before its first step is traced, so the train function
+    is not traced again for a variable made in its trace."""
+    global _epoch_variable
+    with tf.init_scope():
+        if _epoch_variable is None:
+            with tf.device("/CPU:0"):
+                _epoch_variable = tf.Variable(
+                    np.int64(epoch), trainable=False, name="keras_mpfp16_epoch"
+                )
+        else:
+            _epoch_variable.assign(epoch)
+
+
+progress.add_epoch_listener(_set_epoch_variable)
+
+
 def epoch_tensor():
-    """The current epoch as the callbacks reported it (a host read, no MPI)."""
-    epoch = tf.numpy_function(
-        lambda: np.int64(progress.epoch()), [], tf.int64, stateful=True
-    )
-    return tf.reshape(epoch, [])
+    """The current epoch as the callbacks reported it (`progress.epoch()`).
+
+    Read from a host variable that `progress.set_epoch` assigns, not by a
+    `numpy_function`: the value at the step is the same, and the train step
+    saves one crossing into Python (issue 40: docs/scaling.md, "What one
+    collective costs")."""
+    if _epoch_variable is None:  # no epoch reported yet (-1)
+        _set_epoch_variable(progress.epoch())
+    return tf.identity(_epoch_variable)
 
 
 def slot_values(step, counts, epoch=None):

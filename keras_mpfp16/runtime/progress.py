@@ -8,6 +8,10 @@ catches a rank with more batches per epoch at the first mismatched step.
 from __future__ import annotations
 
 _epoch: int = -1
+# Called with the new epoch by `set_epoch` (the TensorFlow backend keeps a
+# variable in step with it, so the train step reads the epoch in the graph
+# instead of crossing into Python for it).
+_epoch_listeners: tuple = ()
 # (epoch, step, ranks that wrote the backup or None) of a fit resuming in
 # the middle of an epoch, from its start until that epoch begins.
 _resumed: tuple[int, int, int | None] | None = None
@@ -17,6 +21,15 @@ def set_epoch(epoch: int) -> None:
     """Records the epoch that is starting (called from `on_epoch_begin`)."""
     global _epoch
     _epoch = int(epoch)
+    for listener in _epoch_listeners:
+        listener(_epoch)
+
+
+def add_epoch_listener(listener) -> None:
+    """Calls `listener(epoch)` on every later `set_epoch` (once per listener)."""
+    global _epoch_listeners
+    if listener not in _epoch_listeners:
+        _epoch_listeners = (*_epoch_listeners, listener)
 
 
 def epoch() -> int:
@@ -44,4 +57,11 @@ def resumed() -> tuple[int, int, int | None] | None:
     return _resumed
 
 
-__all__ = ["clear_resumed", "epoch", "resumed", "set_epoch", "set_resumed"]
+__all__ = [
+    "add_epoch_listener",
+    "clear_resumed",
+    "epoch",
+    "resumed",
+    "set_epoch",
+    "set_resumed",
+]

@@ -72,3 +72,33 @@ def gradient_calls(calls, steps: int = 1) -> dict:
         if name.startswith(GRADIENT_NAMES):
             out[method] += count
     return {k: v / steps for k, v in sorted(out.items())}
+
+
+@contextlib.contextmanager
+def counting_crossings():
+    """Counts the runs of every host function a graph traced inside the block
+    calls through `tf.numpy_function` / `tf.py_function` (a crossing from the
+    graph into Python each): `{"numpy_function" or "py_function": runs}`,
+    counted for as long as the block lasts. Trace the step inside it."""
+    import tensorflow as tf
+
+    runs = collections.Counter()
+    real = {"numpy_function": tf.numpy_function, "py_function": tf.py_function}
+
+    def wrapping(kind):
+        def make(func, inp, Tout, *args, **kwargs):
+            def counted(*a):
+                runs[kind] += 1
+                return func(*a)
+
+            return real[kind](counted, inp, Tout, *args, **kwargs)
+
+        return make
+
+    tf.numpy_function = wrapping("numpy_function")
+    tf.py_function = wrapping("py_function")
+    try:
+        yield runs
+    finally:
+        tf.numpy_function = real["numpy_function"]
+        tf.py_function = real["py_function"]

@@ -21,7 +21,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from call_counter import counting, gradient_calls  # noqa: E402
+from call_counter import counting, counting_crossings, gradient_calls  # noqa: E402
 
 import keras_mpfp16 as kmp  # noqa: E402
 from keras_mpfp16 import runtime  # noqa: E402
@@ -262,13 +262,20 @@ tf_path._reset_reduction_path()
 # -- MPI calls per Keras train step ---------------------------------------------------------
 
 
-def calls_per_step(model, x, y, wire, steps=4, batch=8):
+def calls_per_step(model, x, y, wire, name, steps=4, batch=8):
+    """The gradient reduction's MPI calls per train step; also records the
+    step's crossings into Python per step in `out["crossings_..."]`."""
     model.compile(
         optimizer=kmp.DistributedOptimizer("sgd", wire_dtype=wire), loss="mse"
     )
-    model.fit(x, y, batch_size=batch, epochs=1, verbose=0)  # build, sync, trace
-    with counting() as calls:
-        model.fit(x[: steps * batch], y[: steps * batch], batch_size=batch, verbose=0)
+    with counting_crossings() as crossings:
+        model.fit(x, y, batch_size=batch, epochs=1, verbose=0)  # build, sync, trace
+        crossings.clear()
+        with counting() as calls:
+            model.fit(
+                x[: steps * batch], y[: steps * batch], batch_size=batch, verbose=0
+            )
+    out[f"crossings_{name}_{wire}"] = {k: v / steps for k, v in crossings.items()}
     return gradient_calls(calls, steps)
 
 
@@ -280,7 +287,7 @@ for wire in WIRES:
     dense_model = keras.Sequential(
         [keras.Input((8,)), keras.layers.Dense(16), keras.layers.Dense(1)]
     )
-    out[f"calls_dense_{wire}"] = calls_per_step(dense_model, xr, yr, wire)
+    out[f"calls_dense_{wire}"] = calls_per_step(dense_model, xr, yr, wire, "dense")
     # An Embedding: one bucket (carrying the row counts) + one allgather.
     keras.utils.set_random_seed(rank)
     emb_model = keras.Sequential(
@@ -291,7 +298,9 @@ for wire in WIRES:
             keras.layers.Dense(1),
         ]
     )
-    out[f"calls_embedding_{wire}"] = calls_per_step(emb_model, tokens, yr, wire)
+    out[f"calls_embedding_{wire}"] = calls_per_step(
+        emb_model, tokens, yr, wire, "embedding"
+    )
 
 runtime.barrier()
 print(json.dumps(out), flush=True)
