@@ -366,76 +366,71 @@ def _reduce_float32_host(parts, length, *, first, step, counts, label, average):
 def _reduce_lowp(
     parts, length, *, first, step, counts, label, wire_dtype, scale, device
 ):
-    """16-bit wire: encode in the graph, move bytes, decode in the graph."""
+    """16-bit wire: encode in the graph, move bytes, decode in the graph.
+
+    One `Alltoall` (or ring) + allgather per bucket as N rows of a chunk
+    each; or, on the pipelined schedule (`runtime/mpi/pipeline.py`), the
+    bucket as `segments` x N rows of `seg` values (each row with its own
+    exponent), moved and summed segment by segment on the host. Either way
+    the flat order is the rows' order, so the decoded vector needs no
+    reordering."""
     n = world.size()
     chunk = wire.chunk_length(length, n)
     schedule = ring.reduce_scatter_schedule(n, (_H + chunk) * 2)
     segments, seg = pipeline.plan(length, n)
     if segments > 1 and schedule != "ring" and not device:
-        return _reduce_lowp_pipelined(
-            parts,
-            length,
-            first=first,
-            step=step,
-            counts=counts,
-            label=label,
-            wire_dtype=wire_dtype,
-            scale=scale,
-            segments=segments,
-            seg=seg,
-        )
-    pieces = list(parts)
-    if n * chunk > length:
-        pieces.append(tf.zeros([n * chunk - length], tf.float32))
-    flat = _concat(pieces)
-    slots = encoded_slots(step, counts) if first else None
-    words = encode_rows(
-        tf.reshape(flat, [n, chunk]), wire_dtype, flag=False, slots=slots
+        rows, width = segments * n, seg
+
+        def body(k):
+            return _lowp_pipelined(label, wire_dtype, k, length, segments)
+
+    else:
+        rows, width = n, chunk
+
+        def body(k):
+            return _lowp(label, wire_dtype, k, device, length, schedule)
+
+    return _encoded_reduction(
+        parts,
+        length,
+        rows,
+        width,
+        body,
+        first=first,
+        step=step,
+        counts=counts,
+        wire_dtype=wire_dtype,
+        scale=scale,
     )
-    k = 0 if slots is None else int(slots.shape[0])
-    outs = ordered(
-        lambda: tf.py_function(
-            _lowp(label, wire_dtype, k, device, length, schedule),
-            [words, step],
-            [tf.uint16, tf.int64] if first else [tf.uint16],
-        )
-    )
-    gathered = outs[0]
-    gathered.set_shape([n, _H + chunk])
-    out, finite = decode_rows(gathered, wire_dtype, scale)
-    return out, n * chunk - length, finite, (outs[1] if first else None)
 
 
-def _reduce_lowp_pipelined(
-    parts, length, *, first, step, counts, label, wire_dtype, scale, segments, seg
+def _encoded_reduction(
+    parts, length, rows, width, body, *, first, step, counts, wire_dtype, scale
 ):
-    """16-bit wire on the pipelined schedule (`runtime/mpi/pipeline.py`): the
-    bucket as `segments` x N rows of `seg` values, encoded in the graph (each
-    row with its own exponent), moved and summed segment by segment on the
-    host, decoded in the graph. The flat order is the rows' order, so the
-    decoded vector needs no reordering."""
-    n = world.size()
-    rows = segments * n
+    """The 16-bit wire's graph around its host function: the bucket padded
+    to `rows` x `width` values, encoded (the first bucket's rows carry the
+    step slots), moved by `body(slot_words)` (a py_function body), decoded.
+    Returns what `_reduce_bucket` returns."""
     pieces = list(parts)
-    if rows * seg > length:
-        pieces.append(tf.zeros([rows * seg - length], tf.float32))
+    if rows * width > length:
+        pieces.append(tf.zeros([rows * width - length], tf.float32))
     flat = _concat(pieces)
     slots = encoded_slots(step, counts) if first else None
     words = encode_rows(
-        tf.reshape(flat, [rows, seg]), wire_dtype, flag=False, slots=slots
+        tf.reshape(flat, [rows, width]), wire_dtype, flag=False, slots=slots
     )
     k = 0 if slots is None else int(slots.shape[0])
     outs = ordered(
         lambda: tf.py_function(
-            _lowp_pipelined(label, wire_dtype, k, length, segments),
+            body(k),
             [words, step],
             [tf.uint16, tf.int64] if first else [tf.uint16],
         )
     )
     gathered = outs[0]
-    gathered.set_shape([rows, _H + seg])
+    gathered.set_shape([rows, _H + width])
     out, finite = decode_rows(gathered, wire_dtype, scale)
-    return out, rows * seg - length, finite, (outs[1] if first else None)
+    return out, rows * width - length, finite, (outs[1] if first else None)
 
 
 def _reduce_bucket(
