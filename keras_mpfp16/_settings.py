@@ -431,6 +431,20 @@ register(
     "See [Benchmarks](benchmarks.md#the-pipelined-16-bit-reduction).",
 )
 register(
+    "OVERLAP",
+    "bool",
+    False,
+    read="when the train step is traced",
+    doc="Reduces the dense gradient buckets on one communication thread per "
+    "rank while the backward pass runs (Horovod's design): each bucket is "
+    "handed over as soon as its gradients exist and reduced in bucket order, "
+    "the same on every rank; the optimizer waits for each result. The same "
+    "bits as the synchronous path. Needs MPI_THREAD_MULTIPLE on every rank "
+    "(else a warning and the synchronous path); not used on the GPU buffer "
+    "path. Must be the same on every rank. `0` (default): off. "
+    "See [Timeline](timeline.md#communication-hidden-under-the-backward-pass).",
+)
+register(
     "SPARSE_GRADIENTS",
     "choice",
     "auto",
