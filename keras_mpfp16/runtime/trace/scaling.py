@@ -237,6 +237,9 @@ def table(epochs: Sequence[dict]) -> str:
         f"{'red':>5} {'wait':>5} {'MB/step':>8} {'busbw GB/s':>10} "
         f"{'slowest':>7} {'+ms':>7} {'overlap<=':>9} {'skips':>5}"
     )
+    hidden = any(e.get("hidden") is not None for e in epochs)
+    if hidden:
+        head += f" {'hidden':>6}"
     rows = [head]
     for e in epochs:
         rows.append(
@@ -249,5 +252,6 @@ def table(epochs: Sequence[dict]) -> str:
             f"{_num(e['slowest_rank'], '%d'):>7} "
             f"{_num(e['slowest_late_ms'], '%.2f'):>7} "
             f"{_pct(e['overlap_max']):>9} {e['loss_scale_skips']:>5}"
+            + (f" {_pct(e.get('hidden')):>6}" if hidden else "")
         )
     return "\n".join(rows)
