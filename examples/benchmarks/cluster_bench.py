@@ -91,7 +91,10 @@ def run_job(
 ):
     # `out`: where rank 0 writes its JSON (a path every node sees, e.g. in
     # `cluster.shared_dir()`, when the nodes have their own /tmp).
-    tmp = Path(out or f"/tmp/kmp_cluster_job_{os.getpid()}.json")
+    name = f"kmp_cluster_job_{os.getpid()}.json"
+    if out is None and getattr(cluster, "private_tmp", False):
+        out = Path(cluster.shared_dir()) / name  # the nodes' /tmp is their own
+    tmp = Path(out or f"/tmp/{name}")
     tmp.unlink(missing_ok=True)
     cmd = cluster.mpirun_command(
         [python or sys.executable, *map(str, argv), "--out", str(tmp)],
@@ -228,6 +231,7 @@ def main():
     p.add_argument("--rates", default="10gbit,1gbit")
     p.add_argument("--models", default="facts,dense")
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--private-tmp", action="store_true", help="each node its own /tmp")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     default_nodes = {
@@ -244,7 +248,7 @@ def main():
         sys.exit(f"--horovod-venv {args.horovod_venv!r}: run horovod_setup.sh first")
     nodes = [int(k) for k in (args.nodes or default_nodes[args.suite]).split(",")]
     rates = args.rates.split(",") if args.suite != "sparse" else ["1gbit"]
-    cluster = Cluster(max(nodes), rates[0])
+    cluster = Cluster(max(nodes), rates[0], private_tmp=args.private_tmp)
     cluster.up()
     results = {
         "suite": args.suite,
