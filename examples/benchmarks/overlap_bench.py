@@ -51,10 +51,12 @@ def main():
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--bucket-mb", type=float, default=0.1)
     p.add_argument("--wire-dtype", default="float32")
-    p.add_argument("--configs", default="all", help="'inter1' for the first two")
+    p.add_argument(
+        "--configs", default="all", help="'inter1' / 'inter2': that pair only"
+    )
     p.add_argument("--out", required=True)
     args = p.parse_args()
-    configs = CONFIGS[:2] if args.configs == "inter1" else CONFIGS
+    configs = {"inter1": CONFIGS[:2], "inter2": CONFIGS[2:]}.get(args.configs, CONFIGS)
     results = {name: [] for name, _ in configs}
     for r in range(args.rounds):
         order = configs if r % 2 == 0 else configs[::-1]
