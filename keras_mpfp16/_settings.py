@@ -431,6 +431,26 @@ register(
     "See [Benchmarks](benchmarks.md#the-pipelined-16-bit-reduction).",
 )
 register(
+    "OVERLAP",
+    "bool",
+    False,
+    read="when the train step is traced",
+    doc="Reduces the dense gradient buckets on one communication thread per "
+    "rank while the backward pass runs (Horovod's design): each bucket is "
+    "handed over as soon as its gradients exist and reduced in bucket order, "
+    "the same on every rank; the optimizer waits for each result. The same "
+    "bits as the synchronous path. Needs MPI_THREAD_MULTIPLE on every rank "
+    "(else a warning and the synchronous path); not used on the GPU buffer "
+    "path. Must be the same on every rank. `0` (default): off: on a loaded "
+    "2-core machine (one core per rank) it hid 72% of the communication "
+    "(two inter-op threads) but the step was not measurably faster, at np=2 "
+    "on one box or at 2 emulated nodes (the thread shares the rank's core "
+    "with backprop); try it where ranks have a spare core or the transfer "
+    "runs on other hardware. "
+    "See [Timeline](timeline.md#communication-hidden-under-the-backward-pass) "
+    "and [Benchmarks](benchmarks.md#the-communication-thread-keras_mpfp16_overlap-issue-40-loaded).",
+)
+register(
     "SPARSE_GRADIENTS",
     "choice",
     "auto",

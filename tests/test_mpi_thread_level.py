@@ -61,3 +61,18 @@ def test_evaluate_on_every_rank_is_not_split_below_multiple():
         assert abs(r["got"] - r["own"]) <= 1e-6 * abs(r["own"]), r
         assert abs(r["got"] - r["whole"]) > 1e-4 * abs(r["whole"]), r
     assert recs[0]["got"] != recs[1]["got"]
+
+
+def test_the_communication_thread_falls_back_to_the_synchronous_path():
+    """KERAS_MPFP16_OVERLAP=1 below MULTIPLE: no communication thread (it
+    would call MPI while the step's thread may), the buckets reduced on the
+    step's thread, and rank 0 says why once."""
+    result = run_mpi(
+        2, "thread_level.py", "overlap", timeout=300, env={"KERAS_MPFP16_OVERLAP": "1"}
+    )
+    assert result.returncode == 0, result.describe()
+    recs = result.records()
+    assert len(recs) == 2, result.describe()
+    assert not any(r["thread"] for r in recs), recs
+    assert recs[0]["digest"] == recs[1]["digest"]
+    assert result.stderr.count("KERAS_MPFP16_OVERLAP=1 needs MPI_THREAD_MULTIPLE") == 1

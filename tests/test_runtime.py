@@ -62,6 +62,57 @@ def test_collectives_call_registered_observers_around_each_call():
         observers.register("not callable")
 
 
+def test_the_communication_threads_calls_are_unobserved_and_on_their_channel():
+    """`observers.unobserved` and `collectives.gradient_channel` hold for the
+    thread that enters them only (the communication thread's set-up)."""
+    import contextlib
+    import threading
+
+    from keras_mpfp16.runtime.mpi import collectives, observers, world
+
+    runtime.init()
+    seen, channels = [], []
+
+    @contextlib.contextmanager
+    def watch(name):
+        seen.append((threading.current_thread().name, name))
+        yield
+
+    real = world.channel
+
+    def spy(name):
+        channels.append((threading.current_thread().name, name))
+        return real(name)
+
+    def other():
+        collectives.allreduce_sum_into(np.ones(1), np.zeros(1), "other thread")
+
+    observers.register(watch)
+    world.channel = spy
+    try:
+        with observers.unobserved(), collectives.gradient_channel("overlap"):
+            collectives.allreduce_sum_into(np.ones(1), np.zeros(1), "quiet")
+            t = threading.Thread(target=other, name="T")
+            t.start()
+            t.join()
+        collectives.allreduce_sum_into(np.ones(1), np.zeros(1), "loud")
+    finally:
+        observers.unregister(watch)
+        world.channel = real
+    me = threading.current_thread().name
+    assert seen == [("T", "other thread"), (me, "loud")]
+    assert channels == [
+        (me, "overlap"),  # gradient_channel's own check of the name
+        (me, "overlap"),
+        ("T", "train"),
+        (me, "train"),
+    ]
+    assert world.thread_multiple() in (True, False)
+    with pytest.raises(ValueError, match="channel 'nope'"):
+        with collectives.gradient_channel("nope"):
+            pass
+
+
 def test_single_process_collectives_are_identities():
     x = np.arange(4.0)
     np.testing.assert_array_equal(runtime.allreduce(x), x)

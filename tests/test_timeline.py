@@ -83,6 +83,26 @@ def test_epoch_report_on_synthetic_records():
     assert "epoch" in scaling.table([{"epoch": 0, **e}])
 
 
+def test_hidden_share_is_the_bucket_time_before_the_ready_mark():
+    # The communication thread's steps: a "ready" mark (the last bucket was
+    # handed over) that may come between the buckets' records in a
+    # different place on each rank; it is no collective.
+    ready = ("ready", "gradients ready", 6 * MS, 6 * MS, 0, 0)
+    r0 = [(0, 0, 0, 10 * MS, (bucket(2, 4), ready, bucket(5, 9)))]
+    r1 = [(0, 0, 0, 10 * MS, (bucket(3, 4), bucket(4, 7), ready))]
+    e = scaling.epoch_report([r0, r1])
+    # before 6 ms: rank 0 2 + 1 of 6 ms, rank 1 1 + 2 of 4 ms
+    assert e["hidden"] == pytest.approx((3 + 3) / (6 + 4))
+    # the mark is not a call: two buckets, aligned by index across ranks
+    assert e["buckets"] == 2 and e["wait_share"] == pytest.approx((1 + 1) / 20)
+    assert "hidden under backprop 60%" in scaling.epoch_line(0, e)
+    assert "hidden" in scaling.table([{"epoch": 0, **e}])
+    # Without marks (the synchronous path) there is no measurement.
+    plain = scaling.epoch_report([[(0, 0, 0, 10 * MS, (bucket(2, 4),))]] * 2)
+    assert plain["hidden"] is None
+    assert "hidden" not in scaling.epoch_line(0, plain)
+
+
 def test_epoch_report_steps_missing_on_a_rank_are_left_out():
     r0 = [(0, 0, 0, 10 * MS, ()), (1, 0, 10 * MS, 30 * MS, ())]
     r1 = [(0, 0, 0, 12 * MS, ())]

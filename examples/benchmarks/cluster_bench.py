@@ -14,6 +14,9 @@ ratios are medians of per-round ratios):
            float32 / float16 / bfloat16 wires and bucket sizes
   overlap  dense model, 2 nodes, both rates: one vs two inter-op threads per
            rank, and two with Open MPI yielding while it waits
+  commthread  dense model, 2 nodes, both rates: 25 MB buckets reduced by the
+           step's thread vs by the communication thread (KERAS_MPFP16_OVERLAP,
+           "+ovl"), float32 and float16 wires, one and two inter-op threads
   sparse   IMDB-shaped model, 1 Gbit/s, 2 and 4 nodes: Embedding gradients
            densified vs gathered as rows
   auto     wire_dtype="auto" against the fixed wires, 2 nodes (--nodes),
@@ -255,7 +258,7 @@ def main():
     p.add_argument(
         "--suite",
         required=True,
-        choices=["link", "main", "overlap", "sparse", "auto", "horovod"],
+        choices=["link", "main", "overlap", "commthread", "sparse", "auto", "horovod"],
     )
     p.add_argument("--horovod-venv", default=".venv-horovod")
     p.add_argument(
@@ -275,6 +278,7 @@ def main():
         "link": "2,3,4",
         "main": "2,3,4",
         "overlap": "2",
+        "commthread": "2",
         "sparse": "2,4",
         "auto": "2",
         "horovod": "2",
@@ -358,6 +362,16 @@ def main():
                             "inter2_yield",
                         )
                     )
+                elif args.suite == "commthread":
+                    argv = [
+                        WORKER,
+                        "--model",
+                        "dense",
+                        "--configs",
+                        "compute,f32,f32+ovl,f16,f16+ovl",
+                    ]
+                    jobs.append(({"KERAS_MPFP16_THREADS": "1,1"}, argv, "inter1"))
+                    jobs.append(({"KERAS_MPFP16_THREADS": "1,2"}, argv, "inter2"))
                 elif args.suite == "auto":
                     for model, configs in AUTO_CONFIGS.items():
                         if model in args.models.split(","):

@@ -19,6 +19,7 @@ Configurations:
   auto           wire_dtype="auto" (decided in the warm-up fit; the JSON
                  records the decision)
   f32_1b         float32 wire, one bucket (reduction after the whole backward)
+  CONFIG+ovl     CONFIG with the communication thread (KERAS_MPFP16_OVERLAP)
   f32_4mb        float32 wire, 4 MB buckets
   dense sparse   (imdb) Embedding gradients densified / gathered as rows
                  (KERAS_MPFP16_SPARSE_GRADIENTS when the step is traced)
@@ -101,6 +102,10 @@ class Training:
 
     def __init__(self, model, config, x, y, steps):
         self.x, self.y, self.steps = x, y, steps
+        # "+ovl": the same configuration with the communication thread
+        # (KERAS_MPFP16_OVERLAP, read when the step is traced).
+        self.overlap = config.endswith("+ovl")
+        config = config.removesuffix("+ovl")
         net, opt, self.batch = build(keras, model)
         self.sparse = None
         wire = None
@@ -145,6 +150,7 @@ class Training:
         )
         timer = Timer(recorder)
         n = self.batch * steps
+        kmp.config.set("OVERLAP", self.overlap)
         trace.activate(recorder)
         try:
             self.net.fit(
@@ -159,6 +165,7 @@ class Training:
         finally:
             trace.activate(None)
             recorder.close()
+            kmp.config.set("OVERLAP", False)
         # Each MPI call: (name, start, end) in time.perf_counter() seconds.
         events = [
             (ev["name"], ev["ts"] / 1e6, (ev["ts"] + ev["dur"]) / 1e6)

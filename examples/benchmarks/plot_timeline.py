@@ -23,6 +23,7 @@ COLORS = {
     "mpi": "#08306b",
     "collective": "#74c476",
     "wait": "#e6550d",
+    "backward": "#fdae6b",
 }
 
 
@@ -102,7 +103,8 @@ def main():
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels(
         [
-            f"{names.get(pid, pid)}\n{'host' if tid == 0 else 'reduction'}"
+            f"{names.get(pid, pid)}\n"
+            + {0: "host", 1: "reduction", 2: "fwd + bwd"}.get(tid, str(tid))
             for pid, tid in rows
         ],
         fontsize=8,

@@ -26,13 +26,16 @@ reduction of one bucket, and `allreduce_gradients`.
 
 from __future__ import annotations
 
+import functools
 import re
 import time
+import warnings
+from typing import NamedTuple
 
 import numpy as np
 import tensorflow as tf
 
-from keras_mpfp16 import _validate
+from keras_mpfp16 import _settings, _validate
 from keras_mpfp16.backend.buckets import plan_buckets, sparse_is_cheaper
 from keras_mpfp16.backend.tf_order import ordered
 from keras_mpfp16.backend.tf_path import (
@@ -59,7 +62,17 @@ from keras_mpfp16.backend.tf_steps import (
 )
 from keras_mpfp16.backend.tf_wire import decode_rows, encode_rows, owner_sum
 from keras_mpfp16.runtime import trace
-from keras_mpfp16.runtime.mpi import collectives, cuda, pipeline, ring, wire, world
+from keras_mpfp16.runtime.mpi import (
+    collectives,
+    cuda,
+    observers,
+    pipeline,
+    ring,
+    wire,
+    world,
+)
+from keras_mpfp16.runtime.mpi import overlap as overlap_module
+from keras_mpfp16.runtime.supervision import stall
 
 _H = wire.HEADER_WORDS
 # 16-bit rows of at most this many values (per rank, per bucket) on the host
@@ -323,124 +336,165 @@ def _float32_pieces(parts, first, step, counts):
     return pieces
 
 
-def _reduce_float32_device(parts, length, *, first, step, counts, label, scale):
+class _Plan(NamedTuple):
+    """One bucket's reduction as graph pieces: the host function `fn` called
+    on `inputs` (`numpy`: a numpy_function, else a py_function) with outputs
+    `tout`, and `finish(outs)`, which returns `_reduce_bucket`'s result.
+    `overlap`: whether the communication thread may run `fn`."""
+
+    fn: object
+    inputs: list
+    tout: list
+    numpy: bool
+    finish: object
+    overlap: bool
+
+
+def _host_call(fn, inputs, tout, numpy):
+    if numpy:
+        return tf.numpy_function(fn, inputs, tout, stateful=True)
+    return tf.py_function(fn, inputs, tout)
+
+
+def _run(plan: _Plan):
+    """The bucket reduced synchronously: its host function in the step's
+    order of collectives (`ordered`), on the step's thread."""
+    return plan.finish(
+        ordered(lambda: _host_call(plan.fn, plan.inputs, plan.tout, plan.numpy))
+    )
+
+
+def _plan_float32_device(parts, length, *, first, step, counts, label, scale):
     """float32 wire, DLPack buffers where they live (a py_function)."""
     flat = _concat(_float32_pieces(parts, first, step, counts))
-    outs = ordered(
-        lambda: tf.py_function(
-            _float32_device(label, first, length),
-            [flat, step],
-            [tf.float32, tf.int64] if first else [tf.float32],
-        )
+
+    def finish(outs):
+        out = outs[0]
+        out.set_shape(flat.shape)
+        finite = graph_finite(out)  # the slots are finite integers
+        if scale != 1.0:
+            out = out * scale
+        tail = int(flat.shape[0]) - length
+        return out, tail, finite, (outs[1] if first else None)
+
+    return _Plan(
+        _float32_device(label, first, length),
+        [flat, step],
+        [tf.float32, tf.int64] if first else [tf.float32],
+        False,
+        finish,
+        False,
     )
-    out = outs[0]
-    out.set_shape(flat.shape)
-    finite = graph_finite(out)  # the slots are finite integers
-    if scale != 1.0:
-        out = out * scale
-    tail = int(flat.shape[0]) - length
-    return out, tail, finite, (outs[1] if first else None)
 
 
-def _reduce_float32_host(parts, length, *, first, step, counts, label, average):
+def _plan_float32_host(parts, length, *, first, step, counts, label, average):
     """float32 wire through host memory (a numpy_function)."""
     # Host: numpy_function is stateful, so tf.function's automatic control
     # dependencies run the buckets' collectives in creation order on
     # every rank (same MPI call sequence everywhere, no deadlock).
     flat = _concat(_float32_pieces(parts, first, step, counts))
-    inputs = [flat, step]
-    outs = ordered(
-        lambda: tf.numpy_function(
-            _float32_host(label, first, length, average),
-            inputs,
-            [tf.float32, tf.bool] + ([tf.int64] if first else []),
-            stateful=True,
-        )
+
+    def finish(outs):
+        out = outs[0]
+        out.set_shape(flat.shape)
+        tail = int(flat.shape[0]) - length
+        return out, tail, tf.reshape(outs[1], []), (outs[2] if first else None)
+
+    return _Plan(
+        _float32_host(label, first, length, average),
+        [flat, step],
+        [tf.float32, tf.bool] + ([tf.int64] if first else []),
+        True,
+        finish,
+        True,
     )
-    out = outs[0]
-    out.set_shape(flat.shape)
-    tail = int(flat.shape[0]) - length
-    return out, tail, tf.reshape(outs[1], []), (outs[2] if first else None)
 
 
-def _reduce_lowp(
-    parts, length, *, first, step, counts, label, wire_dtype, scale, device
-):
-    """16-bit wire: encode in the graph, move bytes, decode in the graph."""
+def _plan_lowp(parts, length, *, first, step, counts, label, wire_dtype, scale, device):
+    """16-bit wire: encode in the graph, move bytes, decode in the graph.
+
+    One `Alltoall` (or ring) + allgather per bucket as N rows of a chunk
+    each; or, on the pipelined schedule (`runtime/mpi/pipeline.py`), the
+    bucket as `segments` x N rows of `seg` values (each row with its own
+    exponent), moved and summed segment by segment on the host. Either way
+    the flat order is the rows' order, so the decoded vector needs no
+    reordering."""
     n = world.size()
     chunk = wire.chunk_length(length, n)
     schedule = ring.reduce_scatter_schedule(n, (_H + chunk) * 2)
     segments, seg = pipeline.plan(length, n)
     if segments > 1 and schedule != "ring" and not device:
-        return _reduce_lowp_pipelined(
-            parts,
-            length,
-            first=first,
-            step=step,
-            counts=counts,
-            label=label,
-            wire_dtype=wire_dtype,
-            scale=scale,
-            segments=segments,
-            seg=seg,
-        )
+        rows, width = segments * n, seg
+
+        def body(k):
+            return _lowp_pipelined(label, wire_dtype, k, length, segments)
+
+    else:
+        rows, width = n, chunk
+
+        def body(k):
+            return _lowp(label, wire_dtype, k, device, length, schedule)
+
+    return _encoded_reduction(
+        parts,
+        length,
+        rows,
+        width,
+        body,
+        first=first,
+        step=step,
+        counts=counts,
+        wire_dtype=wire_dtype,
+        scale=scale,
+        overlap=not device,
+    )
+
+
+def _encoded_reduction(
+    parts,
+    length,
+    rows,
+    width,
+    body,
+    *,
+    first,
+    step,
+    counts,
+    wire_dtype,
+    scale,
+    overlap,
+):
+    """The 16-bit wire's graph around its host function: the bucket padded
+    to `rows` x `width` values, encoded (the first bucket's rows carry the
+    step slots), moved by `body(slot_words)` (a py_function body), decoded.
+    Returns what `_reduce_bucket` returns."""
     pieces = list(parts)
-    if n * chunk > length:
-        pieces.append(tf.zeros([n * chunk - length], tf.float32))
+    if rows * width > length:
+        pieces.append(tf.zeros([rows * width - length], tf.float32))
     flat = _concat(pieces)
     slots = encoded_slots(step, counts) if first else None
     words = encode_rows(
-        tf.reshape(flat, [n, chunk]), wire_dtype, flag=False, slots=slots
+        tf.reshape(flat, [rows, width]), wire_dtype, flag=False, slots=slots
     )
     k = 0 if slots is None else int(slots.shape[0])
-    outs = ordered(
-        lambda: tf.py_function(
-            _lowp(label, wire_dtype, k, device, length, schedule),
-            [words, step],
-            [tf.uint16, tf.int64] if first else [tf.uint16],
-        )
+
+    def finish(outs):
+        gathered = outs[0]
+        gathered.set_shape([rows, _H + width])
+        out, finite = decode_rows(gathered, wire_dtype, scale)
+        return out, rows * width - length, finite, (outs[1] if first else None)
+
+    return _Plan(
+        body(k),
+        [words, step],
+        [tf.uint16, tf.int64] if first else [tf.uint16],
+        False,
+        finish,
+        overlap,
     )
-    gathered = outs[0]
-    gathered.set_shape([n, _H + chunk])
-    out, finite = decode_rows(gathered, wire_dtype, scale)
-    return out, n * chunk - length, finite, (outs[1] if first else None)
 
 
-def _reduce_lowp_pipelined(
-    parts, length, *, first, step, counts, label, wire_dtype, scale, segments, seg
-):
-    """16-bit wire on the pipelined schedule (`runtime/mpi/pipeline.py`): the
-    bucket as `segments` x N rows of `seg` values, encoded in the graph (each
-    row with its own exponent), moved and summed segment by segment on the
-    host, decoded in the graph. The flat order is the rows' order, so the
-    decoded vector needs no reordering."""
-    n = world.size()
-    rows = segments * n
-    pieces = list(parts)
-    if rows * seg > length:
-        pieces.append(tf.zeros([rows * seg - length], tf.float32))
-    flat = _concat(pieces)
-    slots = encoded_slots(step, counts) if first else None
-    words = encode_rows(
-        tf.reshape(flat, [rows, seg]), wire_dtype, flag=False, slots=slots
-    )
-    k = 0 if slots is None else int(slots.shape[0])
-    outs = ordered(
-        lambda: tf.py_function(
-            _lowp_pipelined(label, wire_dtype, k, length, segments),
-            [words, step],
-            [tf.uint16, tf.int64] if first else [tf.uint16],
-        )
-    )
-    gathered = outs[0]
-    gathered.set_shape([rows, _H + seg])
-    out, finite = decode_rows(gathered, wire_dtype, scale)
-    return out, rows * seg - length, finite, (outs[1] if first else None)
-
-
-def _reduce_bucket(
-    parts, length, *, first, step, counts, label, wire_dtype, average, device
-):
+def _reduce_bucket(parts, length, **kwargs):
     """Reduces the concatenation of float32 `parts` (`length` elements).
 
     Returns `(flat, tail, finite, table)`: the reduced float32 vector (averaged
@@ -449,13 +503,20 @@ def _reduce_bucket(
     finite (identical on all ranks), and for the first bucket the
     (ranks, 2 + sparse) slot table (else None).
     """
+    return _run(_plan_bucket(parts, length, **kwargs))
+
+
+def _plan_bucket(
+    parts, length, *, first, step, counts, label, wire_dtype, average, device
+):
+    """`_reduce_bucket`'s graph pieces (`_Plan`), not yet called."""
     scale = 1.0 / world.size() if average else 1.0
     common = dict(first=first, step=step, counts=counts, label=label)
     if wire_dtype == "float32" or length == 0:
         if device and length:
-            return _reduce_float32_device(parts, length, scale=scale, **common)
-        return _reduce_float32_host(parts, length, average=average, **common)
-    return _reduce_lowp(
+            return _plan_float32_device(parts, length, scale=scale, **common)
+        return _plan_float32_host(parts, length, average=average, **common)
+    return _plan_lowp(
         parts, length, wire_dtype=wire_dtype, scale=scale, device=device, **common
     )
 
@@ -503,29 +564,47 @@ def _sort_gradients(grads, shapes, mode):
 
 
 def _reduce_dense(
-    dense, shapes, reduced, finite_flags, *, bucket_bytes, has_sparse, **reduction
+    dense,
+    shapes,
+    reduced,
+    finite_flags,
+    *,
+    bucket_bytes,
+    has_sparse,
+    overlap=False,
+    **reduction,
 ):
     """Reduces the dense gradients bucket by bucket into `reduced` (by index),
     appending each bucket's finite flag. Returns the first bucket's slot table
     (None without buckets); with sparse gradients there is always a first
-    bucket, since their row counts travel in its slots."""
+    bucket, since their row counts travel in its slots. `overlap`: the
+    buckets go to the communication thread (`_overlapped`)."""
     present = sorted(dense)
     sizes = [shapes[i].num_elements() * 4 for i in present]
     buckets = plan_buckets(sizes, bucket_bytes) if present else []
     if has_sparse and not buckets:
         buckets = [[]]  # the slots still need their call
-    table = None
+    plans, members = [], []
     for b, bucket in enumerate(buckets):
         idx = [present[j] for j in bucket]
         parts = [tf.reshape(tf.cast(dense[i], tf.float32), [-1]) for i in idx]
         length = sum(shapes[i].num_elements() for i in idx)
-        flat, tail, finite, tbl = _reduce_bucket(
-            parts,
-            length,
-            first=b == 0,
-            label=f"gradient allreduce, bucket {b + 1}/{len(buckets)}",
-            **reduction,
+        plans.append(
+            _plan_bucket(
+                parts,
+                length,
+                first=b == 0,
+                label=f"gradient allreduce, bucket {b + 1}/{len(buckets)}",
+                **reduction,
+            )
         )
+        members.append(idx)
+    if overlap and plans and all(p.overlap for p in plans):
+        results = _overlapped(plans, reduction["step"])
+    else:
+        results = [_run(p) for p in plans]
+    table = None
+    for b, (idx, (flat, tail, finite, tbl)) in enumerate(zip(members, results)):
         if b == 0:
             table = tbl
         finite_flags.append(finite)
@@ -534,6 +613,103 @@ def _reduce_dense(
             for i, piece in zip(idx, pieces):
                 reduced[i] = tf.cast(tf.reshape(piece, shapes[i]), dense[i].dtype)
     return table
+
+
+# -- the communication thread (KERAS_MPFP16_OVERLAP) ------------------------------------
+
+
+def _on_comm_thread(job):
+    # The thread's collectives: on their own communicator, watched by no
+    # observer (the step's thread, waiting for them, is).
+    with observers.unobserved(), collectives.gradient_channel("overlap"):
+        return job()
+
+
+def _submit_body(plan: _Plan, index: int, total: int):
+    """Host function of bucket `index`'s submit op: hands the bucket to the
+    communication thread (a copy of numpy inputs: TensorFlow may reuse their
+    memory once the op returns; eager tensors are immutable) and returns its
+    ticket at once."""
+
+    def submit(*args):
+        if plan.numpy:
+            args = [np.array(a, copy=True) for a in args]
+        ticket = overlap_module.comm_thread(_on_comm_thread).submit(
+            (index, total), functools.partial(plan.fn, *args)
+        )
+        if index == total:  # every gradient exists: the backward pass is over
+            recorder = trace.active()
+            if recorder is not None:
+                recorder.gradients_ready()
+        return np.int64(ticket)
+
+    return submit
+
+
+def _wait_body(label: str):
+    """Host function of a bucket's wait op: its result from the
+    communication thread. The stall inspector sees this thread waiting in
+    the bucket's reduction, under the name the synchronous path uses."""
+
+    def wait(ticket, step):
+        with stall.collective(f"{label}, train step {int(step)}"):
+            outs = overlap_module.comm_thread(_on_comm_thread).wait(int(ticket))
+        return list(outs) if isinstance(outs, (tuple, list)) else [outs]
+
+    return wait
+
+
+def _overlapped(plans, step):
+    """The buckets reduced on the communication thread while the backward
+    pass runs: one submit op per bucket, in bucket order (the step's order
+    of collectives, `ordered`: never blocked, so each runs once its
+    bucket's gradients exist), then one wait op per bucket after the last
+    submit. Each bucket runs the same host function as the synchronous path
+    on the same inputs: the same bits."""
+    total = len(plans)
+    tickets = [
+        ordered(
+            lambda p=p, b=b: _host_call(
+                _submit_body(p, b + 1, total), p.inputs, tf.int64, p.numpy
+            )
+        )
+        for b, p in enumerate(plans)
+    ]
+    results = []
+    for b, (p, ticket) in enumerate(zip(plans, tickets)):
+        label = f"gradient allreduce, bucket {b + 1}/{total}"
+        outs = ordered(
+            lambda p=p, t=ticket, label=label: _host_call(
+                _wait_body(label), [t, step], p.tout, p.numpy
+            )
+        )
+        results.append(p.finish(outs))
+    return results
+
+
+def overlap_enabled() -> bool:
+    """Whether this step's dense buckets go to the communication thread:
+    `KERAS_MPFP16_OVERLAP` on, 2+ ranks and MPI_THREAD_MULTIPLE on every
+    rank (else the synchronous path, with a warning on rank 0 once)."""
+    global _warned_thread_level
+    if not _settings.get("OVERLAP") or world.size() < 2:
+        return False
+    if world.thread_multiple():
+        return True
+    if world.rank() == 0 and not _warned_thread_level:
+        _warned_thread_level = True
+        warnings.warn(
+            "KERAS_MPFP16_OVERLAP=1 needs MPI_THREAD_MULTIPLE on every rank "
+            "(the communication thread calls MPI while the step's thread "
+            "may); this MPI runs below it, so the gradient buckets are "
+            "reduced synchronously.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return False
+
+
+_warned_thread_level = False
 
 
 def _reduce_sparse(sparse_grads, table, reduced, finite_flags, *, mode, **reduction):
@@ -666,6 +842,7 @@ def allreduce_gradients(
         finite_flags,
         bucket_bytes=bucket_bytes,
         has_sparse=bool(sparse_grads),
+        overlap=overlap_enabled(),
         **reduction,
     )
     _reduce_sparse(sparse_grads, table, reduced, finite_flags, mode=mode, **reduction)

@@ -10,6 +10,10 @@
   the data (`kmp.shard`). Not split at this level: each rank evaluates its
   own half alone. Prints one JSON line per rank: its result and the result
   of a plain Keras evaluate of its half.
+- `overlap`: `fit` with KERAS_MPFP16_OVERLAP=1 (set by the test): the
+  gradient buckets are reduced synchronously (the communication thread
+  needs MULTIPLE), with a warning. Prints one JSON line per rank: whether
+  the thread was started, and the weights' digest.
 """
 
 import json
@@ -39,6 +43,34 @@ if mode == "stop":
         os.kill(os.getpid(), signal.SIGSTOP)
     runtime.allreduce(np.ones(4), name="train step 3")
     print(f"FINISHED rank {rank}", flush=True)
+elif mode == "overlap":
+    import hashlib
+
+    import keras
+    import numpy as np
+
+    import keras_mpfp16 as kmp
+    from keras_mpfp16.runtime.mpi import overlap
+
+    rank = kmp.rank()
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(32, 5)).astype("float32")
+    y = rng.normal(size=(32, 1)).astype("float32")
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(1)])
+    model.compile(
+        optimizer=kmp.DistributedOptimizer(keras.optimizers.SGD()), loss="mse"
+    )
+    model.fit(*kmp.shard(x, y), batch_size=8, epochs=1, verbose=0)
+    digest = hashlib.sha256(
+        b"".join(np.asarray(w).tobytes() for w in model.get_weights())
+    ).hexdigest()
+    print(
+        json.dumps(
+            {"rank": rank, "thread": overlap._thread is not None, "digest": digest}
+        ),
+        flush=True,
+    )
 else:
     import keras
     import numpy as np

@@ -8,6 +8,8 @@ memory otherwise.
 
 from __future__ import annotations
 
+import threading
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -165,17 +167,39 @@ def divide_by_size(out: np.ndarray, n: int) -> None:
 # channel (`world.channel`), where no other kind of collective can match them.
 
 
+# The communication thread (`overlap.py`) runs the same calls on its own
+# channel; `gradient_channel` switches the calling thread's.
+_thread = threading.local()
+
+
+def _gradient_channel():
+    return world_module.channel(getattr(_thread, "channel", "train"))
+
+
+@contextmanager
+def gradient_channel(name: str):
+    """The gradient collectives this thread issues inside run on channel
+    `name` (`world.channel`) instead of `"train"`."""
+    world_module.channel(name)  # a bad name raises here
+    before = getattr(_thread, "channel", "train")
+    _thread.channel = name
+    try:
+        yield
+    finally:
+        _thread.channel = before
+
+
 def allreduce_sum_into(send, recv, name: str) -> None:
     """`recv` = element-wise sum of every rank's `send` (same dtype and size)."""
     w = world()
     with observers.collective(name):
-        world_module.channel("train").Allreduce(send, recv, op=w.mpi.SUM)
+        _gradient_channel().Allreduce(send, recv, op=w.mpi.SUM)
 
 
 def alltoall_into(send, recv, name: str) -> None:
     """Rank r receives every rank's r-th equal block of `send`, in rank order."""
     with observers.collective(name):
-        world_module.channel("train").Alltoall(send, recv)
+        _gradient_channel().Alltoall(send, recv)
 
 
 def allgather_into(
@@ -188,7 +212,7 @@ def allgather_into(
     that keeps TCP links busy); otherwise MPI's `Allgather`.
     `ring_min_bytes` overrides `ring.RING_MIN_BYTES` (tests use 0).
     """
-    comm = world_module.channel("train")
+    comm = _gradient_channel()
     with observers.collective(name):
         if block_bytes is None:
             comm.Allgather(send, recv)
@@ -200,18 +224,14 @@ def ring_reduce_scatter(own_row, add, empty_row, buffer, name: str):
     """This rank's owned row of a ring reduce-scatter (`ring.reduce_scatter`:
     the caller's codec adds, this moves the rows between neighbours)."""
     with observers.collective(name):
-        return ring.reduce_scatter(
-            world_module.channel("train"), own_row, add, empty_row, buffer
-        )
+        return ring.reduce_scatter(_gradient_channel(), own_row, add, empty_row, buffer)
 
 
 def pipelined_reduce(send, owner_sum, gathered, name: str) -> None:
     """The pipelined 16-bit reduction of one bucket (`pipeline.reduce_segments`:
     the caller's codec sums each segment, this moves the segments)."""
     with observers.collective(f"{name} (pipelined)"):
-        pipeline.reduce_segments(
-            world_module.channel("train"), send, owner_sum, gathered
-        )
+        pipeline.reduce_segments(_gradient_channel(), send, owner_sum, gathered)
 
 
 def allgatherv_bytes(send: np.ndarray, recv: np.ndarray, counts, name: str) -> None:
@@ -229,7 +249,7 @@ def allgatherv_bytes(send: np.ndarray, recv: np.ndarray, counts, name: str) -> N
             f"{recv_bytes.size} bytes and a send of {send.nbytes} bytes."
         )
     with observers.collective(name):
-        world_module.channel("train").Allgatherv(
+        _gradient_channel().Allgatherv(
             [send.view(np.uint8).reshape(-1), byte],
             [recv_bytes, (counts, displs), byte],
         )

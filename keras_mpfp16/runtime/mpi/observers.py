@@ -31,12 +31,14 @@ observers.register(log_calls)
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 
 Observer = Callable[[str], AbstractContextManager]
 
 _observers: tuple[Observer, ...] = ()
+_thread = threading.local()  # .quiet: this thread's collectives are not observed
 
 
 def register(observer: Observer) -> None:
@@ -66,10 +68,23 @@ def registered() -> tuple[Observer, ...]:
 
 
 @contextmanager
+def unobserved():
+    """The collectives this thread issues inside are entered by no observer
+    (the communication thread's: `overlap.py`; the thread waiting for them
+    is the one observed)."""
+    before = getattr(_thread, "quiet", False)
+    _thread.quiet = True
+    try:
+        yield
+    finally:
+        _thread.quiet = before
+
+
+@contextmanager
 def collective(name: str):
     """Marks the enclosed MPI call as collective `name` for every observer."""
     current = _observers  # a tuple: registering meanwhile does not change it
-    if not current:
+    if not current or getattr(_thread, "quiet", False):
         yield
         return
     if len(current) == 1:

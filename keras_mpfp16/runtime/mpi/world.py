@@ -36,6 +36,10 @@ class _World:
     # `channel`): a collective on one can never match one on another.
     train_comm: Any = None
     test_comm: Any = None
+    # The communication thread's gradient buckets (KERAS_MPFP16_OVERLAP).
+    overlap_comm: Any = None
+    # Whether every rank's MPI runs at MPI_THREAD_MULTIPLE.
+    thread_multiple: bool = False
 
 
 _world: _World | None = None
@@ -140,7 +144,16 @@ def init(comm: Any = None) -> None:
         local = private.Split_type(MPI.COMM_TYPE_SHARED, key=private.Get_rank())
         old, _world = (
             _world,
-            _World(MPI, private, local, comm, private.Dup(), private.Dup()),
+            _World(
+                MPI,
+                private,
+                local,
+                comm,
+                private.Dup(),
+                private.Dup(),
+                private.Dup(),
+                _everyone_multiple(MPI, private),
+            ),
         )
         if old is not None:
             _free(old)
@@ -163,8 +176,29 @@ def _check_launcher(MPI) -> None:
     launcher.check_world_size(MPI.COMM_WORLD.Get_size(), library)
 
 
+def _everyone_multiple(MPI, comm) -> bool:
+    """True when every rank of `comm` runs at MPI_THREAD_MULTIPLE (one
+    allreduce, so all ranks agree)."""
+    mine = int(MPI.Query_thread() >= MPI.THREAD_MULTIPLE)
+    if comm.Get_size() == 1:
+        return bool(mine)
+    return bool(comm.allreduce(mine, op=MPI.MIN))
+
+
+def thread_multiple() -> bool:
+    """Whether every rank may call MPI from two threads at once (the same
+    answer on every rank)."""
+    return world().thread_multiple
+
+
 def _free(world: _World) -> None:
-    for c in (world.train_comm, world.test_comm, world.local_comm, world.comm):
+    for c in (
+        world.overlap_comm,
+        world.train_comm,
+        world.test_comm,
+        world.local_comm,
+        world.comm,
+    ):
         if c is None:
             continue
         try:
@@ -195,14 +229,16 @@ def world() -> _World:
     return _world
 
 
-CHANNELS = ("train", "test")
+CHANNELS = ("train", "test", "overlap")
 
 
 def channel(name: str) -> Any:
     """The communicator of one kind of in-step collective.
 
     `"train"`: everything a train step reduces (gradient buckets, sparse
-    slices, the metric reduction); `"test"`: a test step's metric reduction.
+    slices, the metric reduction); `"test"`: a test step's metric reduction;
+    `"overlap"`: the gradient buckets the communication thread reduces
+    (`overlap.py`, while the step's thread may use `"train"`).
     Everything else uses `world().comm`. MPI matches collectives by order
     on a communicator, whatever their sizes: ranks that disagree about
     where they are (one rank out of data in a validation step while the
@@ -222,6 +258,8 @@ def channel(name: str) -> Any:
         return w.train_comm
     if name == "test":
         return w.test_comm
+    if name == "overlap":
+        return w.overlap_comm
     raise ValueError(f"channel {name!r} is not one of {', '.join(CHANNELS)}.")
 
 

@@ -43,6 +43,7 @@ from keras_mpfp16.runtime.trace.windows import Window
 
 TID_HOST = 0  # the callback's thread: steps, validation, checkpoints, broadcast
 TID_REDUCE = 1  # TensorFlow's threads running the host callbacks of a step
+TID_BACKWARD = 2  # the step until its last gradient bucket was handed over
 
 
 class Recorder:
@@ -275,6 +276,29 @@ class Recorder:
                         t1,
                         TID_REDUCE,
                         args,
+                    )
+                )
+
+    def gradients_ready(self) -> None:
+        """The step's last gradient bucket was handed to the communication
+        thread (`KERAS_MPFP16_OVERLAP`): every gradient exists, the backward
+        pass is over. Kept in the step's calls as a `"ready"` mark (the
+        scaling report's hidden share) and traced as a span from the step's
+        start on its own row."""
+        t = self.now_ns()
+        with self._lock:
+            if self.step is None:
+                return
+            self._calls.append(("ready", "gradients ready", t, t, 0, 0))
+            if self.tracing:
+                self._emit(
+                    self._span(
+                        "forward + backward (until the last bucket is handed over)",
+                        "backward",
+                        self._step_begin,
+                        t,
+                        TID_BACKWARD,
+                        {"step": self.step},
                     )
                 )
 

@@ -32,6 +32,14 @@ Definitions (also in docs/timeline.md):
   gradient by then (the last bucket needs the first layers' gradients), so
   reduction time after that point cannot overlap it; time before it may.
   One bucket: 0 by construction.
+* hidden (measured, `KERAS_MPFP16_OVERLAP`): the share of the buckets'
+  reduction time spent before the step's `"ready"` mark, the moment the
+  last bucket was handed to the communication thread (every gradient
+  existed then): reduction time under the forward and backward pass.
+  None when the steps have no mark (the synchronous path).
+
+A `"ready"` call (`enter == exit`, no bytes) is that mark; it is not a
+collective and takes no part in the other numbers.
 """
 
 from __future__ import annotations
@@ -109,8 +117,17 @@ def epoch_report(per_rank: Sequence[Sequence[StepRecord]], skips: int = 0) -> di
     late = np.zeros(n)
     late_calls = 0
     payload = wire_bytes = nbuckets = None
+    hidden_ns = marked_ns = 0.0
     for s in common:
-        recs = [d[s] for d in by_rank]
+        recs = [_without_marks(d[s]) for d in by_rank]
+        for r, d in enumerate(by_rank):
+            ready = [c[2] for c in d[s][4] if c[0] == "ready"]
+            if ready:
+                t_ready = max(ready)
+                for c in recs[r][4]:
+                    if c[0] == "bucket":
+                        marked_ns += c[3] - c[2]
+                        hidden_ns += max(min(c[3], t_ready) - c[2], 0.0)
         step_ms.append(max(r[3] - r[2] for r in recs) / 1e6)
         ncalls = min(len(r[4]) for r in recs)
         arrivals = np.array(
@@ -167,8 +184,16 @@ def epoch_report(per_rank: Sequence[Sequence[StepRecord]], skips: int = 0) -> di
         "slowest_late_ms": float(mean_late[slowest]) if slowest is not None else None,
         "others_late_ms": float(np.mean(others)) if others else None,
         "overlap_max": overlap_ns / bucket_ns if bucket_ns > 0 else 0.0,
+        "hidden": hidden_ns / marked_ns if marked_ns > 0 else None,
         "loss_scale_skips": int(skips),
     }
+
+
+def _without_marks(rec: StepRecord) -> StepRecord:
+    """`rec` without its `"ready"` marks (not collectives)."""
+    if not any(c[0] == "ready" for c in rec[4]):
+        return rec
+    return (*rec[:4], tuple(c for c in rec[4] if c[0] != "ready"))
 
 
 def _pct(x) -> str:
@@ -196,7 +221,12 @@ def epoch_line(epoch: int, e: dict) -> str:
         f" | {_num((e['bytes_per_step'] or 0) / 1e6, '%.2f')} MB/step in "
         f"{e['buckets'] or 0} bucket(s), busbw {_num(e['busbw_gbps'], '%.2f')} GB/s"
         f" | {slow} | overlap <= {_pct(e['overlap_max']).strip()}"
-        f" | {e['loss_scale_skips']} loss-scale skip(s)"
+        + (
+            ""
+            if e.get("hidden") is None
+            else f" | hidden under backprop {_pct(e['hidden']).strip()}"
+        )
+        + f" | {e['loss_scale_skips']} loss-scale skip(s)"
     )
 
 
@@ -207,6 +237,9 @@ def table(epochs: Sequence[dict]) -> str:
         f"{'red':>5} {'wait':>5} {'MB/step':>8} {'busbw GB/s':>10} "
         f"{'slowest':>7} {'+ms':>7} {'overlap<=':>9} {'skips':>5}"
     )
+    hidden = any(e.get("hidden") is not None for e in epochs)
+    if hidden:
+        head += f" {'hidden':>6}"
     rows = [head]
     for e in epochs:
         rows.append(
@@ -219,5 +252,6 @@ def table(epochs: Sequence[dict]) -> str:
             f"{_num(e['slowest_rank'], '%d'):>7} "
             f"{_num(e['slowest_late_ms'], '%.2f'):>7} "
             f"{_pct(e['overlap_max']):>9} {e['loss_scale_skips']:>5}"
+            + (f" {_pct(e.get('hidden')):>6}" if hidden else "")
         )
     return "\n".join(rows)
