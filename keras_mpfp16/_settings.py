@@ -59,6 +59,10 @@ class Setting:
             settings read at import, before any Python code could set them).
         value_doc: how a value is written, for the reference table (defaults
             to the type).
+        same_on_every_rank: the ranks must agree on it (it decides which
+            collectives the train step makes): `fit` checks this at its
+            start and stops on every rank when they differ, instead of the
+            job hanging in mismatched collectives.
     """
 
     key: str
@@ -71,6 +75,7 @@ class Setting:
     parse: Callable[[str], Any] | None = None
     python: bool = True
     value_doc: str = ""
+    same_on_every_rank: bool = False
 
     @property
     def name(self) -> str:
@@ -94,6 +99,7 @@ def register(
     parse: Callable[[str], Any] | None = None,
     python: bool = True,
     value_doc: str = "",
+    same_on_every_rank: bool = False,
 ) -> Setting:
     """Registers a setting (see `Setting` for the arguments).
 
@@ -112,7 +118,17 @@ def register(
     if type == "choice" and default not in choices:
         raise ValueError(f"{PREFIX}{key}: default {default!r} not in {choices}.")
     setting = Setting(
-        key, type, default, doc, read, tuple(choices), minimum, parse, python, value_doc
+        key,
+        type,
+        default,
+        doc,
+        read,
+        tuple(choices),
+        minimum,
+        parse,
+        python,
+        value_doc,
+        same_on_every_rank,
     )
     _registry[key] = setting
     return setting
@@ -399,6 +415,7 @@ register(
     "alltoall",
     choices=("alltoall", "ring"),
     read="when the train step is traced (numpy callers: per call)",
+    same_on_every_rank=True,
     doc="How the 16-bit wires bring the rows to each owner's float32 sum. "
     "`alltoall`: one `Alltoall`; every input is rounded to 16 bits once. "
     "`ring`: from 3 ranks on, rows of at least 1 MiB go around a ring "
@@ -416,6 +433,7 @@ register(
     0,
     minimum=0,
     read="when the train step is traced (numpy callers: per call)",
+    same_on_every_rank=True,
     doc="Pipelines the 16-bit wires' reduction: a bucket whose owner's row "
     "is longer than this many values is cut into segments (each row with "
     "its own float16 exponent), and segment s+1's `Ialltoall` is on the "
@@ -435,6 +453,7 @@ register(
     "bool",
     False,
     read="when the train step is traced",
+    same_on_every_rank=True,
     doc="Reduces the dense gradient buckets on one communication thread per "
     "rank while the backward pass runs (Horovod's design): each bucket is "
     "handed over as soon as its gradients exist and reduced in bucket order, "
@@ -695,8 +714,11 @@ def markdown() -> str:
     ]
     for s in settings():
         py = f'`kmp.config.set("{s.key.lower()}", ...)`' if s.python else "no"
+        read = s.read
+        if s.same_on_every_rank:
+            read += "; must be the same on every rank (checked as `fit` starts)"
         lines.append(
-            f"| `{s.name}` | {_shown_type(s)} | {_shown_default(s)} | {s.read} | {py} |"
+            f"| `{s.name}` | {_shown_type(s)} | {_shown_default(s)} | {read} | {py} |"
         )
     lines.append("")
     for s in settings():

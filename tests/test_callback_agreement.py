@@ -53,3 +53,36 @@ def test_differences_that_change_training_are_named_with_their_ranks(tmp_path):
     timeline = Timeline(None)
     found = agreement.problems([describe([]), describe([], [timeline])])
     assert found and found[0].startswith("Timeline:"), found
+
+
+def test_settings_the_step_depends_on_travel_and_are_named_when_they_differ():
+    """The settings that decide the train step's collectives are part of each
+    rank's description; one that differs is named with every rank's value
+    (the `fit` side, every rank raising SettingsDiffer: the mpirun test)."""
+    from keras_mpfp16 import _settings
+
+    agreed = {s.name for s in _settings.settings() if s.same_on_every_rank}
+    assert agreed == {
+        "KERAS_MPFP16_OVERLAP",
+        "KERAS_MPFP16_WIRE_PIPELINE_SEGMENT",
+        "KERAS_MPFP16_WIRE_SCHEDULE",
+    }
+    # Every setting whose doc asks for the same value on every rank is checked.
+    for s in _settings.settings():
+        if "must be the same on every rank" in s.doc.lower():
+            assert s.same_on_every_rank, s.name
+    mine = describe([])
+    assert {name for name, _ in mine["settings"]} == agreed
+    assert agreement.settings_problems([mine, describe([])]) == []
+    _settings.set("wire_pipeline_segment", 4096)
+    try:
+        other = describe([])
+    finally:
+        _settings.reset("wire_pipeline_segment")
+    found = agreement.settings_problems([mine, other, mine])
+    assert len(found) == 1, found
+    assert found[0].startswith(
+        "KERAS_MPFP16_WIRE_PIPELINE_SEGMENT differs between ranks "
+        "(rank 0: 0, rank 1: 4096, rank 2: 0)."
+    ), found
+    assert "mpirun -x KERAS_MPFP16_WIRE_PIPELINE_SEGMENT" in found[0]

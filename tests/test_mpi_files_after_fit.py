@@ -45,12 +45,17 @@ def test_files_complete_after_fit_and_rank_zero_only_callbacks(np_, tmp_path):
             "ReduceLROnPlateau",
             "ModelCheckpoint",
             "Timeline",
+            "KERAS_MPFP16_OVERLAP",
         }
         for name, message in errors.items():
             assert message is not None, (name, r["rank"])
-            assert message.startswith("CallbacksDiffer:"), message
+            kind = "SettingsDiffer" if name.startswith("KERAS_") else "CallbacksDiffer"
+            assert message.startswith(kind + ":"), message
             assert name in message, message
             assert message == root["errors"][name], (name, r["rank"])
+        # Each rank's value is named.
+        values = ", ".join(f"rank {k}: {k == np_ - 1}" for k in range(np_))
+        assert f"({values})" in errors["KERAS_MPFP16_OVERLAP"]
         others = ", ".join(str(k) for k in range(1, np_))
         lacking = f"rank {others}" if np_ == 2 else f"ranks {others}"
         assert f"on rank 0 but not on {lacking}" in errors["EarlyStopping"]

@@ -21,6 +21,13 @@ the others do not make:
   `BackupAndRestore` gets a stand-in that writes nothing), a `Timeline` on
   rank 0 only (the other ranks record with rank 0's settings), a
   `GlobalMetrics(check_steps=...)` on some ranks (rank 0's setting);
+- the settings that decide which collectives the train step makes
+  (`same_on_every_rank` in `keras_mpfp16._settings`: the 16-bit wire's
+  schedule and pipeline segment, the communication thread) travel in the
+  same description, so ranks that differ stop with `SettingsDiffer` on every
+  rank, naming each rank's value, instead of hanging in mismatched
+  collectives (a launcher that does not pass the variable to other nodes,
+  a `kmp.config.set` on one rank);
 - not reconcilable (`CallbacksDiffer` on every rank, naming the callback and
   the ranks): a callback that changes training (`EarlyStopping`,
   `ReduceLROnPlateau`, ...) on some ranks only, a file writer on a rank
@@ -34,6 +41,7 @@ import os
 
 import keras
 
+from keras_mpfp16 import _settings
 from keras_mpfp16.callbacks.lr_scaler import LearningRateScaler
 from keras_mpfp16.callbacks.root_only import RootOnly
 from keras_mpfp16.callbacks.timeline import Timeline
@@ -66,6 +74,21 @@ TRAINING_TYPES = tuple(
 class CallbacksDiffer(ValueError):
     """Raised on every rank at the start of `fit` when the ranks' callback
     lists differ in a way the library cannot reconcile."""
+
+
+class SettingsDiffer(ValueError):
+    """Raised on every rank at the start of `fit` when the ranks' values of a
+    setting that must be the same on every rank differ."""
+
+
+def _agreed_settings() -> list:
+    """`[name, value]` of each setting the ranks must agree on, as this rank
+    has it now (`fit` traces its step after this, reading the same values)."""
+    return [
+        [s.name, _settings.get(s.key)]
+        for s in _settings.settings()
+        if s.same_on_every_rank
+    ]
 
 
 def _unwrapped(callback) -> tuple[keras.callbacks.Callback, bool]:
@@ -139,6 +162,7 @@ def describe(
         "backup": backup,
         "check_steps": bool(check_steps),
         "own_backup": bool(own_backup),
+        "settings": _agreed_settings(),
     }
 
 
@@ -146,6 +170,27 @@ def _ranks(ranks: list[int]) -> str:
     if len(ranks) == 1:
         return f"rank {ranks[0]}"
     return "ranks " + ", ".join(str(r) for r in ranks)
+
+
+def settings_problems(descriptions: list[dict]) -> list[str]:
+    """The settings whose values differ between the ranks' descriptions
+    (pure), each named with every rank's value."""
+    out = []
+    named = [dict(map(tuple, d.get("settings", []))) for d in descriptions]
+    for name in sorted({n for d in named for n in d}):
+        values = [d.get(name) for d in named]
+        if len({repr(v) for v in values}) == 1:
+            continue
+        shown = ", ".join(f"rank {r}: {v!r}" for r, v in enumerate(values))
+        out.append(
+            f"{name} differs between ranks ({shown}). It decides which "
+            "collectives the train step makes, so it must be the same on "
+            "every rank: set it in the environment every rank starts with "
+            "(Open MPI: `mpirun -x " + name + "`; Hydra: `-genv " + name + " "
+            "VALUE`; Slurm exports it by default) or with "
+            "`kmp.config.set(...)` on every rank."
+        )
+    return out
 
 
 def problems(descriptions: list[dict]) -> list[str]:
@@ -209,6 +254,9 @@ def agree(mine: dict) -> dict:
     if collectives.same_on_all_ranks(mine, "callback lists"):
         return mine
     descriptions = collectives.allgather_object(mine, "callback lists")
+    differ = settings_problems(descriptions)
+    if differ:
+        raise SettingsDiffer("keras_mpfp16: " + " ".join(differ))
     found = problems(descriptions)
     if found:
         raise CallbacksDiffer(

@@ -19,7 +19,8 @@ Parts, in one launch, each printing into this rank's one JSON line:
   collective `evaluate` (slowly): every rank finds it right after.
 - `resume`: (2)'s rank-0-only `BackupAndRestore` again with more epochs:
   every rank resumes at rank 0's epoch.
-- `errors`: differences that cannot be reconciled - `EarlyStopping` on
+- `errors`: differences that cannot be reconciled (and `OVERLAP` set on the
+  last rank only) - `EarlyStopping` on
   rank 0 only, `ReduceLROnPlateau` in `root_only`, a `ModelCheckpoint` on
   the last rank only, a `Timeline` on the last rank only: each `fit` raises
   the same error on every rank (caught here), and the job goes on.
@@ -198,6 +199,13 @@ fit_expecting_error(
     "Timeline",
     [kmp.callbacks.Timeline(os.path.join(out_dir, "t2.json"))] if rank == n - 1 else [],
 )
+# A setting that decides the step's collectives, on the last rank only (as
+# when a launcher does not pass the variable to another node): SettingsDiffer
+# on every rank, not a hang in mismatched collectives.
+if rank == n - 1:
+    kmp.config.set("overlap", True)
+fit_expecting_error("KERAS_MPFP16_OVERLAP", [])
+kmp.config.reset("overlap")
 # The job goes on as one model.
 model.fit(xs, ys, batch_size=BATCH, epochs=1, verbose=0)
 record["final"] = digest(model.weights)
