@@ -180,14 +180,18 @@ def horovod_rows(
     horovod_python,
     models=tuple(HVD_PAIRS),
     ranks_per_node=1,
+    extra=(),
 ):
-    """Ours vs Horovod on one node count and rate: jobs interleaved by pair."""
+    """Ours vs Horovod on one node count and rate: jobs interleaved by pair.
+    `extra`: more of our configurations (e.g. `f16@262144`, the pipelined
+    wire; `f16+ovl`, the communication thread), run in our job of each pair
+    and compared, like `auto`, with Horovod's faster setting of the pair."""
     rows = []
     for model, pairs in HVD_PAIRS.items():
         if model not in models:
             continue
         auto = HVD_AUTO[model]
-        ours = {c: [] for c in [*pairs, auto]}
+        ours = {c: [] for c in [*pairs, auto, *extra]}
         hvd = {c: [] for c in pairs.values()}
         decisions, hosts = [], None
         for r in range(rounds):
@@ -221,11 +225,13 @@ def horovod_rows(
             )
             for c, h in pairs.items()
         }
-        # Per pair: Horovod's faster setting of that pair over our auto.
-        speedups[f"ours {auto} / horovod best"] = statistics.median(
-            min(times) / a
-            for a, times in zip(ours[auto], zip(*(hvd[h] for h in pairs.values())))
-        )
+        # Per pair: Horovod's faster setting of that pair over our auto (and
+        # over each extra configuration).
+        for c in (auto, *extra):
+            speedups[f"ours {c} / horovod best"] = statistics.median(
+                min(times) / a
+                for a, times in zip(ours[c], zip(*(hvd[h] for h in pairs.values())))
+            )
         print(json.dumps(speedups, indent=1), flush=True)
         rows.append(
             {
@@ -267,6 +273,12 @@ def main():
     p.add_argument(
         "--hvd-models", default="dense,imdb", help="horovod suite: models to run"
     )
+    p.add_argument(
+        "--ours-extra",
+        default="",
+        help="horovod suite: more of our configurations in each of our jobs "
+        "(comma-separated cluster_worker.py names, e.g. f16@262144,f16+ovl)",
+    )
     p.add_argument("--nodes", default=None, help="comma-separated node counts")
     p.add_argument("--rates", default="10gbit,1gbit")
     p.add_argument("--models", default="facts,dense")
@@ -303,6 +315,7 @@ def main():
             "hvd_models": args.hvd_models,
             "rounds": args.rounds,
             "ranks_per_node": args.ranks_per_node,
+            "ours_extra": args.ours_extra,
         },
         "jobs": [],
     }
@@ -326,6 +339,7 @@ def main():
                         horovod_python,
                         models=args.hvd_models.split(","),
                         ranks_per_node=args.ranks_per_node,
+                        extra=[c for c in args.ours_extra.split(",") if c],
                     )
                     save()
                     continue
