@@ -127,6 +127,9 @@ QUICK_LEAVES_OUT = (
     # processes with their delays (3-6 s each).
     "tests/test_doctor.py",
     "tests/test_launcher_daemon.py",
+    # The benchmark scripts' placement checks (scale_guarantees/cluster_bench
+    # in subprocesses, ~5 s): benchmark tooling, like test_benchmark_cli.
+    "tests/test_bench_placement.py",
 )
 
 
