@@ -29,6 +29,26 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 mode = sys.argv[1]
 
+
+def data_and_model(rows):
+    """`rows` samples of 5 features, and a seeded linear model compiled with
+    the library's optimizer (the same on every rank)."""
+    import keras
+    import numpy as np
+
+    import keras_mpfp16 as kmp
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(rows, 5)).astype("float32")
+    y = rng.normal(size=(rows, 1)).astype("float32")
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(1)])
+    model.compile(
+        optimizer=kmp.DistributedOptimizer(keras.optimizers.SGD()), loss="mse"
+    )
+    return x, y, model
+
+
 if mode == "stop":
     import numpy as np
 
@@ -53,14 +73,7 @@ elif mode == "overlap":
     from keras_mpfp16.runtime.mpi import overlap
 
     rank = kmp.rank()
-    rng = np.random.default_rng(3)
-    x = rng.normal(size=(32, 5)).astype("float32")
-    y = rng.normal(size=(32, 1)).astype("float32")
-    keras.utils.set_random_seed(1)
-    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(1)])
-    model.compile(
-        optimizer=kmp.DistributedOptimizer(keras.optimizers.SGD()), loss="mse"
-    )
+    x, y, model = data_and_model(32)
     model.fit(*kmp.shard(x, y), batch_size=8, epochs=1, verbose=0)
     digest = hashlib.sha256(
         b"".join(np.asarray(w).tobytes() for w in model.get_weights())
@@ -78,14 +91,7 @@ else:
     import keras_mpfp16 as kmp
 
     rank = kmp.rank()
-    rng = np.random.default_rng(3)
-    x = rng.normal(size=(40, 5)).astype("float32")
-    y = rng.normal(size=(40, 1)).astype("float32")
-    keras.utils.set_random_seed(1)
-    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(1)])
-    model.compile(
-        optimizer=kmp.DistributedOptimizer(keras.optimizers.SGD()), loss="mse"
-    )
+    x, y, model = data_and_model(40)
     xs, ys = kmp.shard(x, y)
     got = model.evaluate(xs, ys, batch_size=8, verbose=0)
     plain = keras.Sequential([keras.Input((5,)), keras.layers.Dense(1)])
