@@ -3,7 +3,7 @@
     python examples/benchmarks/cluster_transfer.py --nodes 4 --rate 1gbit \\
         --out docs/benchmarks/cluster_transfer.json
 
-Root, under `flock /tmp/netns-cluster.lock`. One rank per emulated node
+Root, under `flock /tmp/netns-cluster.lock`. One rank per emulated node (each its own `/tmp`)
 (`cluster.py`), Open MPI's allreduce forced to its ring as in the other
 cluster suites. For 16-bit payloads of E elements per rank (the dense
 benchmark model's whole gradient, 25M, and one 25 MB bucket, 6.3M), the
@@ -11,6 +11,8 @@ milliseconds (slowest rank, `--rounds` each) of moving the bytes of the
 16-bit wire's two phases with:
 
   mpi_alltoall      Open MPI's Alltoall (what the wire's default uses)
+  pairwise_alltoall N-1 Sendrecv steps, step k with ranks r+k and r-k: the
+                    Alltoall's bytes, one partner at a time
   ring_rs           N-1 neighbour Sendrecv steps of one row each (the byte
                     movement of WIRE_SCHEDULE=ring; the sums left out)
   mpi_allgather     Open MPI's Allgather of one row per rank
@@ -29,6 +31,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 SCHEDULES = (
     "mpi_alltoall",
+    "pairwise_alltoall",
+    "linear_alltoall",
+    "xor_alltoall",
+    "cycle_alltoall",
     "ring_rs",
     "mpi_allgather",
     "ring_allgather",
@@ -52,12 +58,37 @@ def worker(elements: int, rounds: int, out: str) -> None:
     right, left = (r + 1) % n, (r - 1) % n
     row = np.empty(chunk, np.uint16)
 
+    def pairwise_alltoall():
+        recv[r] = send[r]
+        for k in range(1, n):
+            dst, src = (r + k) % n, (r - k) % n
+            comm.Sendrecv(send[dst], dest=dst, recvbuf=recv[src], source=src)
+
+    def linear_alltoall():
+        recv[r] = send[r]
+        reqs = []
+        for k in range(1, n):
+            dst, src = (r + k) % n, (r - k) % n
+            reqs.append(comm.Irecv(recv[src], source=src))
+            reqs.append(comm.Isend(send[dst], dest=dst))
+        MPI.Request.Waitall(reqs)
+
+    def xor_alltoall():
+        recv[r] = send[r]
+        for k in range(1, n):
+            p = r ^ k
+            comm.Sendrecv(send[p], dest=p, recvbuf=recv[p], source=p)
+
     def ring_rs():
         for s in range(n - 1):
             comm.Sendrecv(send[(r - s - 1) % n], dest=right, recvbuf=row, source=left)
 
     run = {
         "mpi_alltoall": lambda: comm.Alltoall(send, recv),
+        "pairwise_alltoall": pairwise_alltoall,
+        "linear_alltoall": linear_alltoall,
+        "xor_alltoall": xor_alltoall,
+        "cycle_alltoall": lambda: ring.alltoall(comm, send, recv, chunk * 2, 0),
         "ring_rs": ring_rs,
         "mpi_allgather": lambda: comm.Allgather(send[0], recv),
         "ring_allgather": lambda: ring.allgather(comm, send[0], recv, chunk * 2, 0),
@@ -96,7 +127,7 @@ def main() -> int:
     from cluster_bench import RING, run_job
 
     results = {"nodes": args.nodes, "rate": args.rate, "runs": []}
-    with Cluster(nodes=args.nodes, rate=args.rate) as c:
+    with Cluster(nodes=args.nodes, rate=args.rate, private_tmp=True) as c:
         for e in args.elements.split(","):
             argv = [__file__, "--worker", e, "--rounds", str(args.rounds)]
             run = run_job(c, args.nodes, argv, extra=RING, timeout=900)

@@ -2124,7 +2124,7 @@ def _wire_prose(folder):
 # Quiet-machine runs of ours (with wire_dtype="auto") against Horovod.
 HOROVOD_QUIET = ("cluster_horovod_quiet.json", "cluster_horovod_imdb_quiet.json")
 # The same at 4 emulated nodes (two ranks per core), where Horovod wins.
-HOROVOD_4NODES = "cluster_horovod_4nodes_ring.json"
+HOROVOD_4NODES = "cluster_horovod_4nodes_cycle.json"
 # 4 nodes at 1 Gbit/s on a quiet machine with the pipelined 16-bit wire.
 HOROVOD_4NODES_PIPELINE = "cluster_horovod_4nodes_pipeline.json"
 

@@ -216,7 +216,12 @@ def _lowp(
         # in float32 like the fused TensorFlow stage: the same bits
         # (tests/test_wire.py), so every rank gets what the eager path gives.
         recv = aligned_words(n, int(words.shape[1]))
-        collectives.alltoall_into(dlpack_buffer(words), recv, f"{name} (alltoall)")
+        collectives.alltoall_into(
+            dlpack_buffer(words),
+            recv,
+            f"{name} (alltoall)",
+            block_bytes=int(words.shape[1]) * 2,  # uint16 words
+        )
         outputs = []
         if k:
             table = wire.slots_from_words(recv[:, _H : _H + k])
@@ -253,7 +258,10 @@ def _lowp(
                 recv = empty_like_device(tf.shape(words), tf.uint16, words)
                 sync_device(words)
                 collectives.alltoall_into(
-                    dlpack_buffer(words), dlpack_buffer(recv), f"{name} (alltoall)"
+                    dlpack_buffer(words),
+                    dlpack_buffer(recv),
+                    f"{name} (alltoall)",
+                    block_bytes=int(words.shape[1]) * 2,  # uint16 words
                 )
                 if k:
                     table = wire.slots_from_words(recv[:, _H : _H + k].numpy())

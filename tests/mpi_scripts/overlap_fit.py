@@ -72,11 +72,11 @@ if mode == "fail":
     target = "alltoall_into" if wire_dtype != "float32" else "allreduce_sum_into"
     real = getattr(collectives, target)
 
-    def failing(send, recv, name):
+    def failing(send, recv, name, **kwargs):
         if threading.current_thread().name == "keras_mpfp16 comm":
             if "train step 3" in name and "bucket 3/" in name and rank == size - 1:
                 raise RuntimeError("injected failure on the communication thread")
-        return real(send, recv, name)
+        return real(send, recv, name, **kwargs)
 
     setattr(collectives, target, failing)
     train(True)

@@ -196,10 +196,22 @@ def allreduce_sum_into(send, recv, name: str) -> None:
         _gradient_channel().Allreduce(send, recv, op=w.mpi.SUM)
 
 
-def alltoall_into(send, recv, name: str) -> None:
-    """Rank r receives every rank's r-th equal block of `send`, in rank order."""
+def alltoall_into(
+    send, recv, name: str, block_bytes: int | None = None, ring_min_bytes=None
+) -> None:
+    """Rank r receives every rank's r-th equal block of `send`, in rank order.
+
+    With `block_bytes` (one block's size) given, large blocks at 3+ ranks
+    move on `ring.alltoall`'s schedule (same bytes, no two ranks sending to
+    each other at once); otherwise MPI's `Alltoall`. `ring_min_bytes`
+    overrides `ring.RING_MIN_BYTES` (tests use 0).
+    """
+    comm = _gradient_channel()
     with observers.collective(name):
-        _gradient_channel().Alltoall(send, recv)
+        if block_bytes is None:
+            comm.Alltoall(send, recv)
+        else:
+            ring.alltoall(comm, send, recv, block_bytes, ring_min_bytes)
 
 
 def allgather_into(

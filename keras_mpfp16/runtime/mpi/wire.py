@@ -5,7 +5,9 @@ cross the network but never make MPI do 16-bit arithmetic (Open MPI's float16
 sum runs ~8x slower per byte than float32 and accumulates in float16). Instead
 the reduction is split the way a ring allreduce splits it:
 
-1. `Alltoall` of 16-bit rows: rank r receives every rank's row r.
+1. `Alltoall` of 16-bit rows: rank r receives every rank's row r (for
+   large rows at 3+ ranks on `ring.alltoall`'s schedule, no two ranks
+   sending to each other at once).
 2. Rank r (the row's *owner*) sums its rows in float32 and encodes the sum.
 3. Allgather of the owners' 16-bit rows (around a ring for large rows at
    3+ ranks: `ring.py`).
@@ -266,7 +268,7 @@ def lowp_allreduce_sum(comm, buf: np.ndarray, wire_dtype: str) -> np.ndarray:
     else:
         recv = np.empty_like(send)
         # MPI sees raw 16-bit words: it moves them and never interprets them.
-        comm.Alltoall(send, recv)
+        ring.alltoall(comm, send, recv, send.shape[1] * 2)
         mine = owner_sum(recv, wire_dtype)
     gathered = np.empty((n, mine.shape[1]), dtype=np.uint16)
     ring.allgather(comm, mine, gathered, mine.nbytes)
