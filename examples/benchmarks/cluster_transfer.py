@@ -10,9 +10,16 @@ benchmark model's whole gradient, 25M, and one 25 MB bucket, 6.3M), the
 milliseconds (slowest rank, `--rounds` each) of moving the bytes of the
 16-bit wire's two phases with:
 
-  mpi_alltoall      Open MPI's Alltoall (what the wire's default uses)
+  mpi_alltoall      Open MPI's Alltoall (the wire's first phase before
+                    ring.alltoall)
   pairwise_alltoall N-1 Sendrecv steps, step k with ranks r+k and r-k: the
-                    Alltoall's bytes, one partner at a time
+                    Alltoall's bytes, one partner at a time (pairs exchange
+                    in step N/2 of an even N)
+  linear_alltoall   every Isend/Irecv posted at once
+  xor_alltoall      N-1 exchanges with rank r XOR k (power-of-two N only)
+  cycle_alltoall    runtime/mpi/ring.py's alltoall (the wire's first phase
+                    for rows of 1 MiB or more at 3+ ranks): no two ranks
+                    send to each other in any step
   ring_rs           N-1 neighbour Sendrecv steps of one row each (the byte
                     movement of WIRE_SCHEDULE=ring; the sums left out)
   mpi_allgather     Open MPI's Allgather of one row per rank
@@ -94,11 +101,12 @@ def worker(elements: int, rounds: int, out: str) -> None:
         "ring_allgather": lambda: ring.allgather(comm, send[0], recv, chunk * 2, 0),
         "allreduce_same_bytes": lambda: comm.Allreduce(floats, floats_out),
     }
-    times = {k: [] for k in SCHEDULES}
-    for name in SCHEDULES:  # warm-up: connections opened
+    schedules = [k for k in SCHEDULES if k != "xor_alltoall" or n & (n - 1) == 0]
+    times = {k: [] for k in schedules}  # r XOR k: a power-of-two N only
+    for name in schedules:  # warm-up: connections opened
         run[name]()
     for _ in range(rounds):
-        for name in SCHEDULES:
+        for name in schedules:
             comm.Barrier()
             t = time.perf_counter()
             run[name]()
