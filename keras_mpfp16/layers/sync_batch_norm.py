@@ -59,9 +59,16 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
         epsilon: Small float added to variance to avoid dividing by zero.
         center: If True, add offset of `beta` to normalized tensor.
         scale: If True, multiply by `gamma`.
-        beta_initializer, gamma_initializer, moving_mean_initializer,
-        moving_variance_initializer, beta_regularizer, gamma_regularizer,
-        beta_constraint, gamma_constraint, renorm, renorm_clipping,
+        beta_initializer: As in `keras.layers.BatchNormalization`.
+        gamma_initializer: As in `keras.layers.BatchNormalization`.
+        moving_mean_initializer: As in `keras.layers.BatchNormalization`.
+        moving_variance_initializer: As in `keras.layers.BatchNormalization`.
+        beta_regularizer: As in `keras.layers.BatchNormalization`.
+        gamma_regularizer: As in `keras.layers.BatchNormalization`.
+        beta_constraint: As in `keras.layers.BatchNormalization`.
+        gamma_constraint: As in `keras.layers.BatchNormalization`.
+        renorm: As in `keras.layers.BatchNormalization`.
+        renorm_clipping: As in `keras.layers.BatchNormalization`.
         renorm_momentum: As in `keras.layers.BatchNormalization`.
         synchronized: Keras's `tf.distribute` switch; must stay False (this
             layer synchronizes over MPI ranks by itself).
