@@ -225,17 +225,11 @@ def alltoall(comm, send, recv, block_bytes: int, min_bytes: int | None = None):
             types[key] = MPI.BYTE.Create_hindexed([size], [key[0]]).Commit()
         return [buf, 1, types[key]]
 
+    # Its own block through MPI too (device memory as well as host), then
+    # the schedule's steps.
+    moves = ((r, WHOLE, r, WHOLE), *_alltoall_moves(n, r))
     try:
-        # Its own block through MPI too (device memory as well as host).
-        comm.Sendrecv(
-            spec(send, r, WHOLE),
-            dest=r,
-            sendtag=RING_TAG,
-            recvbuf=spec(recv, r, WHOLE),
-            source=r,
-            recvtag=RING_TAG,
-        )
-        for dest, part, src, src_part in _alltoall_moves(n, r):
+        for dest, part, src, src_part in moves:
             comm.Sendrecv(
                 spec(send, dest, part),
                 dest=dest,
