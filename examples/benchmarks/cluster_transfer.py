@@ -27,6 +27,14 @@ milliseconds (slowest rank, `--rounds` each) of moving the bytes of the
                     for rows of 1 MiB or more at 3+ ranks)
   allreduce_same_bytes  Open MPI's ring Allreduce of E/2 float32: the bytes
                     of Horovod's Compression.fp16 allreduce
+  ring_allgather_poll   ring_allgather's moves as Isend/Irecv, waited for by
+                    Testall every --poll seconds (default 0.2 ms) with a
+                    sleep in between instead of MPI's spinning wait
+  cycle_alltoall_poll   cycle_alltoall's moves, waited for the same way
+
+Besides the milliseconds (`ms`), the JSON records each schedule's CPU time
+(`cpu_ms`: the slowest rank's `time.process_time()`, user + system), which
+shows what a rank spends waiting: MPI's wait spins for the whole transfer.
 """
 
 import argparse
@@ -46,10 +54,12 @@ SCHEDULES = (
     "mpi_allgather",
     "ring_allgather",
     "allreduce_same_bytes",
+    "ring_allgather_poll",
+    "cycle_alltoall_poll",
 )
 
 
-def worker(elements: int, rounds: int, out: str) -> None:
+def worker(elements: int, rounds: int, out: str, poll: float) -> None:
     import numpy as np
     from mpi4py import MPI
 
@@ -90,6 +100,37 @@ def worker(elements: int, rounds: int, out: str) -> None:
         for s in range(n - 1):
             comm.Sendrecv(send[(r - s - 1) % n], dest=right, recvbuf=row, source=left)
 
+    def polled(requests):
+        # Experiment: wait without spinning in Open MPI's progress loop
+        # (a Test every `poll` seconds, the CPU free in between).
+        while not MPI.Request.Testall(requests):
+            time.sleep(poll)
+
+    def ring_allgather_poll():
+        recv[r] = send[0]
+        for s in range(n - 1):
+            out_b, in_b = (r - s) % n, (r - s - 1) % n
+            polled(
+                [
+                    comm.Irecv(recv[in_b], source=left, tag=7),
+                    comm.Isend(send[0] if s == 0 else recv[out_b], dest=right, tag=7),
+                ]
+            )
+
+    moves = ring._alltoall_moves(n, r) if n >= 3 else ()
+    half = chunk // 2
+    part_slice = {0: slice(0, chunk), 1: slice(0, half), 2: slice(half, chunk)}
+
+    def cycle_alltoall_poll():
+        recv[r] = send[r]
+        for dest, part, src, src_part in moves:
+            polled(
+                [
+                    comm.Irecv(recv[src, part_slice[src_part]], source=src, tag=8),
+                    comm.Isend(send[dest, part_slice[part]], dest=dest, tag=8),
+                ]
+            )
+
     run = {
         "mpi_alltoall": lambda: comm.Alltoall(send, recv),
         "pairwise_alltoall": pairwise_alltoall,
@@ -100,20 +141,37 @@ def worker(elements: int, rounds: int, out: str) -> None:
         "mpi_allgather": lambda: comm.Allgather(send[0], recv),
         "ring_allgather": lambda: ring.allgather(comm, send[0], recv, chunk * 2, 0),
         "allreduce_same_bytes": lambda: comm.Allreduce(floats, floats_out),
+        "ring_allgather_poll": ring_allgather_poll,
+        "cycle_alltoall_poll": cycle_alltoall_poll,
     }
     schedules = [k for k in SCHEDULES if k != "xor_alltoall" or n & (n - 1) == 0]
     times = {k: [] for k in schedules}  # r XOR k: a power-of-two N only
+    cpu = {k: [] for k in schedules}
     for name in schedules:  # warm-up: connections opened
         run[name]()
+    # The polled variants must move the same bytes as the library's schedules.
+    for polled_name, name in (
+        ("ring_allgather_poll", "ring_allgather"),
+        ("cycle_alltoall_poll", "cycle_alltoall"),
+    ):
+        recv.fill(0)
+        run[name]()
+        want = recv.copy()
+        recv.fill(0)
+        run[polled_name]()
+        if not np.array_equal(recv, want):
+            raise AssertionError(f"{polled_name} moved other bytes than {name}")
     for _ in range(rounds):
         for name in schedules:
             comm.Barrier()
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             run[name]()
+            c = time.process_time() - c
             comm.Barrier()
             times[name].append(1000 * (time.perf_counter() - t))
+            cpu[name].append(1000 * comm.allreduce(c, op=MPI.MAX))
     if r == 0:
-        result = {"elements": elements, "ranks": n, "ms": times}
+        result = {"elements": elements, "ranks": n, "ms": times, "cpu_ms": cpu}
         Path(out).write_text(json.dumps(result))
 
 
@@ -123,27 +181,34 @@ def main() -> int:
     p.add_argument("--rate", default="1gbit")
     p.add_argument("--elements", default="25000000,6300000")
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument(
+        "--poll", type=float, default=2e-4, help="seconds between the *_poll tests"
+    )
     p.add_argument("--out")
     p.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
-        worker(args.worker, args.rounds, args.out)
+        worker(args.worker, args.rounds, args.out, args.poll)
         return 0
     sys.path.insert(0, str(HERE.parent.parent / "tests"))
     sys.path.insert(0, str(HERE))
     from cluster import Cluster
     from cluster_bench import RING, run_job
 
-    results = {"nodes": args.nodes, "rate": args.rate, "runs": []}
+    results = {"nodes": args.nodes, "rate": args.rate, "poll": args.poll, "runs": []}
     with Cluster(nodes=args.nodes, rate=args.rate, private_tmp=True) as c:
         for e in args.elements.split(","):
             argv = [__file__, "--worker", e, "--rounds", str(args.rounds)]
+            argv += ["--poll", str(args.poll)]
             run = run_job(c, args.nodes, argv, extra=RING, timeout=900)
             run.pop("job_seconds", None)
             results["runs"].append(run)
             for name, ms in run["ms"].items():
                 shown = " ".join(f"{t:.0f}" for t in ms)
-                print(f"{args.nodes} nodes {args.rate} E={e} {name}: {shown}")
+                cpu = " ".join(f"{t:.0f}" for t in run["cpu_ms"][name])
+                print(
+                    f"{args.nodes} nodes {args.rate} E={e} {name}: {shown} (cpu {cpu})"
+                )
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
     return 0
