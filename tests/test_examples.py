@@ -302,3 +302,35 @@ def test_main_job_trains_on_two_ranks(policy):
     losses = [float(v) for v in line.split(":", 1)[1].split(",")]
     assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0], losses
     assert 0.0 <= metric(out, "final validation accuracy") <= 1.0
+
+
+# -- benchmark scripts that stand in for library functions -------------------------
+
+
+@pytest.mark.mpi
+def test_collective_cost_smoke(tmp_path):
+    """collective_cost.py replaces the library's collectives with local
+    copies for its `*_local` layers; a change of their signatures must not
+    break it silently (it did once: `alltoall_into`'s `block_bytes`)."""
+    import json
+
+    out_json = tmp_path / "cost.json"
+    run_python(
+        "benchmarks/collective_cost.py",
+        "--ranks",
+        "2",
+        "--rounds",
+        "1",
+        "--calls",
+        "2",
+        "--reps",
+        "1",
+        "--out",
+        out_json,
+        timeout=300,
+    )
+    result = json.loads(out_json.read_text())
+    (job,) = result["results"]["2"]
+    assert {"float32_local", "float16_local", "float16_wire"} <= set(job["layers"])
+    for layer in job["layers"].values():
+        assert 0 < layer["median_us"] < 60e6

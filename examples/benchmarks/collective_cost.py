@@ -152,7 +152,8 @@ def worker(args) -> None:
     def local_copy(send, recv, name):  # what MPI would do at N = 1
         np.copyto(arr(recv), arr(send))
 
-    def local_alltoall(send, recv, name):  # this rank's own block, n times
+    def local_alltoall(send, recv, name, block_bytes=None, ring_min_bytes=None):
+        # this rank's own block, n times
         arr(recv)[...] = arr(send)[kmp.rank() : kmp.rank() + 1]
 
     def local_allgather(send, recv, name, block_bytes=None, ring_min_bytes=None):
@@ -307,6 +308,7 @@ def main(argv=None) -> int:
         export_commit(commit, Path(tmp.name))
         versions = {f"before {commit}": tmp.name, "now": str(ROOT)}
     results = {v: {str(r): [] for r in ranks} for v in versions}
+    load_at_start = os.getloadavg()[0]
     for rnd in range(args.rounds):
         for r in ranks:
             order = list(versions)
@@ -341,7 +343,9 @@ def main(argv=None) -> int:
                     "before": args.before,
                     "where": args.where,
                     "hosts": args.hosts,
-                    "loaded_machine": True,
+                    # Each job records the load average before and after it
+                    # (`load`); this is the machine's before the first job.
+                    "load_average_at_start": load_at_start,
                     "cores": os.cpu_count(),
                     "results": results,
                 },
