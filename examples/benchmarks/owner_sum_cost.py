@@ -80,7 +80,6 @@ def main(argv=None) -> int:
         "command": " ".join(["python", *sys.argv]),
         "rounds": args.rounds,
         "calls": args.calls,
-        "loaded_machine": True,
         "load": [load0, os.getloadavg()[0]],
         "rows": rows_out,
     }

@@ -239,7 +239,6 @@ def main(argv=None) -> int:
                     "model": args.model,
                     "warmup": args.warmup,
                     "steps": args.steps,
-                    "loaded_machine": True,
                     "force_trial": args.force_trial,
                     "rounds": args.rounds,
                     "per_round": rounds,
