@@ -2169,29 +2169,22 @@ def readme(folder):
         ns = sorted(ratios)
         return " and ".join(map(str, ns)) if len(ns) == 2 else f"{ns[0]}–{ns[-1]}"
 
-    hvd = [load(folder, f) for f in HOROVOD_QUIET]
-    auto_vs_hvd = [
-        ratio
-        for d in hvd
-        for j in d["jobs"]
-        for key, ratio in j["speedup_ours_over_horovod"].items()
-        if "auto / horovod best" in key
-    ]
-    hvd4 = load(folder, HOROVOD_4NODES)
-    auto_vs_hvd4 = [
-        ratio
-        for j in hvd4["jobs"]
-        for key, ratio in j["speedup_ours_over_horovod"].items()
-        if "auto / horovod best" in key
-    ]
+    def auto_vs_horovod(*runs) -> list[float]:
+        """Every job's Horovod-best ÷ ours-with-auto ratio in `runs`."""
+        return [
+            ratio
+            for d in runs
+            for j in d["jobs"]
+            for key, ratio in j["speedup_ours_over_horovod"].items()
+            if "auto / horovod best" in key
+        ]
 
+    hvd = [load(folder, f) for f in HOROVOD_QUIET]
+    auto_vs_hvd = auto_vs_horovod(*hvd)
+    hvd4 = load(folder, HOROVOD_4NODES)
+    auto_vs_hvd4 = auto_vs_horovod(hvd4)
     hvd4x2 = load(folder, HOROVOD_4X2)
-    auto_vs_hvd4x2 = [
-        ratio
-        for j in hvd4x2["jobs"]
-        for key, ratio in j["speedup_ours_over_horovod"].items()
-        if "auto / horovod best" in key
-    ]
+    auto_vs_hvd4x2 = auto_vs_horovod(hvd4x2)
 
     hvd4p = load(folder, HOROVOD_4NODES_PIPELINE)
     (pipe_vs_hvd4,) = [
