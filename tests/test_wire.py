@@ -54,13 +54,31 @@ def test_graph_encoder_matches_numpy_encoder_bit_for_bit(wire_dtype, codec):
 
 
 @pytest.mark.parametrize("wire_dtype", ["float16", "bfloat16"])
-def test_graph_decoder_matches_numpy_decoder(wire_dtype):
+def test_graph_decoder_matches_numpy_decoder(wire_dtype, codec):
     rows = sample_rows(np.random.default_rng(1))
     words = wire.encode_rows(rows, wire_dtype)
     flat, finite = tf_wire.decode_rows(tf.constant(words), wire_dtype, 1.0)
     want = wire.decode_rows(words, wire_dtype).reshape(-1)
     np.testing.assert_array_equal(flat.numpy(), want)
     assert not bool(finite)  # rows 3 and 4 carry NaN / Inf
+    finite_words = np.delete(words, [3, 4], axis=0)
+    assert bool(tf_wire.decode_rows(tf.constant(finite_words), wire_dtype, 1.0)[1])
+
+
+@pytest.mark.parametrize("scale", [0.5, 1.0 / 3.0])
+def test_fused_decode_scales_as_the_separate_ops_do(scale, monkeypatch):
+    """The averaging scale (1/N: not a power of two at N = 3) folded into the
+    fused decode rounds exactly as the separate ops round it."""
+    rows = sample_rows(np.random.default_rng(3))
+    rows[3, 5] = rows[4, 7] = 1.0
+    words = tf.constant(wire.encode_rows(rows, "float16"))
+    monkeypatch.setattr(tf_wire, "FUSED_MIN_ELEMENTS", 2**62)
+    want, _ = tf_wire.decode_rows(words, "float16", scale)
+    monkeypatch.setattr(tf_wire, "FUSED_MIN_ELEMENTS", 0)
+    got, _ = tf_wire.decode_rows(words, "float16", scale)
+    np.testing.assert_array_equal(
+        got.numpy().view(np.int32), want.numpy().view(np.int32)
+    )
 
 
 def test_float16_rows_neither_flush_nor_overflow():

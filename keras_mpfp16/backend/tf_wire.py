@@ -14,14 +14,16 @@ Fused stages: the owner's sum and its re-encode run as one XLA-compiled
 function (`jit_compile=True`; eager elsewhere, it still runs inline in the
 reduction's py_function), and so does the train step's encode of buckets of
 at least `FUSED_MIN_ELEMENTS` elements (nested in the step, which itself
-stays uncompiled): the row maxima, the non-finite check, the scaling, the
-cast and the header in one read of the float32 rows and one write of the
-words instead of five kernels with a buffer each. Same words bit for bit
-(the scales are powers of two, so every product is exact; only the cast and
-the owner's float32 sum round, in the same order). The decode stays
-separate ops: XLA's float16 -> float32 conversion measured slower than
-TensorFlow's cast, which dominates it. Measured in
-examples/benchmarks/wire_codec.py (docs/benchmarks.md, "The 16-bit codec").
+stays uncompiled): the non-finite check, the scaling, the cast and the
+header in one read of the float32 rows and one write of the words instead of
+four kernels with a buffer each; the row maxima before it are TensorFlow's
+own reductions (cheaper than XLA's, which are a separate pass over the rows
+in any case). The train step's decode of such buckets is fused too: the
+slice past the headers, the cast and the scaling in one pass. Same words and
+values bit for bit (the scales are powers of two, so every product is exact;
+only the cast and the owner's float32 sum round, in the same order).
+Measured in examples/benchmarks/wire_codec.py (docs/benchmarks.md, "The
+16-bit codec").
 """
 
 from __future__ import annotations
@@ -85,16 +87,35 @@ def encode_rows(rows, wire_dtype: str, flag: bool, slots=None, force_flag=None):
     # (Tile has no uint16 kernel; int16 has the same bits.)
     slot16 = None if slots is None else tf.bitcast(slots, tf.int16)
     if _fused(rows, FUSED_MIN_ELEMENTS):
+        if wire_dtype == "float16" or flag:
+            # The row maxima by TensorFlow's reductions, the rest fused: XLA
+            # makes the maxima a pass of their own anyway (no multi-output
+            # fusion of a reduction with its consumers here), and
+            # TensorFlow's is ~2x cheaper and propagates NaN, so the
+            # non-finite check needs no sibling reduction (0.8x the all-XLA
+            # encode: docs/benchmarks.md, "The 16-bit codec").
+            amax = _row_amax(rows)
+            return _encode_scaled_fused(
+                rows, amax, wire_dtype, flag, slot16, force_flag
+            )
         return _encode_fused(rows, wire_dtype, flag, slot16, force_flag)
     return _encode(rows, wire_dtype, flag, slot16, force_flag)
 
 
-def _encode(rows, wire_dtype, flag, slot16, force_flag, fused=False):
+def _row_amax(rows):
+    """Each row's largest magnitude; NaN where the row holds a NaN (TensorFlow's
+    max and min propagate it; XLA's do not), infinite where it holds an Inf."""
+    return tf.maximum(tf.reduce_max(rows, 1), -tf.reduce_min(rows, 1))
+
+
+def _encode(rows, wire_dtype, flag, slot16, force_flag, fused=False, amax=None):
     r = rows.shape[0]
     zeros = tf.zeros([r], tf.uint16)
     bad = None
-    if wire_dtype == "float16" or flag:
-        amax = tf.maximum(tf.reduce_max(rows, 1), -tf.reduce_min(rows, 1))
+    if amax is not None:
+        bad = tf.logical_not(tf.math.is_finite(amax))
+    elif wire_dtype == "float16" or flag:
+        amax = _row_amax(rows)
         if fused:
             # XLA's max does not propagate NaN, so the maxima cannot tell:
             # a sibling reduction (same pass over the rows) does.
@@ -129,12 +150,26 @@ def _encode_fused(rows, wire_dtype, flag, slot16, force_flag):
     return _encode(rows, wire_dtype, flag, slot16, force_flag, fused=True)
 
 
+@tf.function(jit_compile=True, autograph=False)
+def _encode_scaled_fused(rows, amax, wire_dtype, flag, slot16, force_flag):
+    return _encode(rows, wire_dtype, flag, slot16, force_flag, fused=True, amax=amax)
+
+
 def decode_rows(words, wire_dtype: str, scale: float):
     """uint16 rows [exponent, flags, values...] -> (flat float32, finite).
 
     The flat vector keeps the rows' padding at its end: callers split it off
     (a split is a pass they make anyway; a slice here would be another).
+    Rows of at least `FUSED_MIN_ELEMENTS` words decode in one fused (XLA)
+    function: the slice past the headers, the cast and the scaling in one
+    pass instead of three.
     """
+    if _fused(words, FUSED_MIN_ELEMENTS):
+        return _decode_fused(words, wire_dtype, scale)
+    return _decode(words, wire_dtype, scale)
+
+
+def _decode(words, wire_dtype, scale):
     values = tf.cast(tf.bitcast(words[:, _H:], TF_WIRE_DTYPES[wire_dtype]), tf.float32)
     if wire_dtype == "float16":
         exp = tf.cast(tf.bitcast(words[:, _EXP], tf.int16), tf.int32)
@@ -147,6 +182,11 @@ def decode_rows(words, wire_dtype: str, scale: float):
     flat = tf.reshape(values, [-1])
     flags = tf.bitwise.bitwise_and(words[:, _FLAGS], wire.FLAG_NONFINITE)
     return flat, tf.reduce_all(tf.equal(flags, 0))
+
+
+@tf.function(jit_compile=True, autograph=False)
+def _decode_fused(words, wire_dtype, scale):
+    return _decode(words, wire_dtype, scale)
 
 
 def owner_sum(recv, wire_dtype: str, slot_words: int):
