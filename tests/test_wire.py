@@ -81,6 +81,20 @@ def test_fused_decode_scales_as_the_separate_ops_do(scale, monkeypatch):
     )
 
 
+def test_fused_encode_flags_a_nan_wherever_it_lies(codec):
+    """The row maxima propagate NaN from any position (the fused encode takes
+    its non-finite flag from them), next to large values and infinities too."""
+    rng = np.random.default_rng(4)
+    for cols in (1, 7, 64, 1000, 4099):
+        for col in sorted({0, cols // 2, cols - 1}):
+            x = rng.normal(size=(3, cols)).astype(np.float32)
+            x[1, col] = np.nan
+            if cols > 1:
+                x[1, (col + 1) % cols] = -np.inf if col % 2 else 1e30
+            words = tf_wire.encode_rows(tf.constant(x), "float16", flag=False).numpy()
+            np.testing.assert_array_equal(words[:, 1], [0, wire.FLAG_NONFINITE, 0])
+
+
 def test_float16_rows_neither_flush_nor_overflow():
     tiny = np.full((1, 64), 3e-9, np.float32)  # below float16's smallest subnormal
     huge = np.full((1, 64), 3e6, np.float32)  # far above float16's max

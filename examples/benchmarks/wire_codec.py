@@ -17,8 +17,12 @@ rotating), medians of per-round times and per-round ratios:
 
   ops     the codec as it was: separate TensorFlow ops (forced by setting
           tf_wire's FUSED_MIN_ELEMENTS and OWNER_FUSED_MIN_ELEMENTS to 2**62)
+  xla     the codec until 2026-12-06: as `fused`, but the encode's row
+          maxima inside its XLA function (with a sibling non-finite
+          reduction) and the decode TensorFlow's separate ops
   fused   the shipped codec: same format; the owner's sum and re-encode one
-          XLA-compiled function, the encode one from 2**20 elements on
+          XLA-compiled function; from 2**20 elements on the encode one XLA
+          function after TensorFlow's row maxima, the decode one XLA function
   cast    a plain float16 cast (no exponent, no flag: Horovod's
           Compression.fp16), encode / float32 sum / decode
 
@@ -47,7 +51,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-CODECS = ("ops", "fused", "cast")
+CODECS = ("ops", "xla", "fused", "cast")
 STAGES = ("encode", "owner", "decode")
 # The benchmark models' buckets (default 25 MB buckets): the dense model's
 # 25,178,113 gradients are three full 6,553,600-element buckets and a
@@ -109,6 +113,21 @@ def speed(sizes, rounds, n):
                         tf.cast(tf.bitcast(w, tf.float16), tf.float32) * 0.5, [-1]
                     )
                 )
+            elif codec == "xla":
+                big = rows.shape.num_elements() >= tf_wire.FUSED_MIN_ELEMENTS
+                enc = tf.function(
+                    lambda r, big=big: (
+                        tf_wire._encode_fused(r, "float16", False, None, None)
+                        if big
+                        else tf_wire.encode_rows(r, "float16", flag=False)
+                    )
+                )
+                words = enc(rows)
+
+                def owner(w=words):
+                    return tf_wire.owner_sum(w, "float16", 0)
+
+                dec = tf.function(lambda w: tf_wire._decode(w, "float16", 0.5))
             else:
                 enc = tf.function(
                     lambda r: tf_wire.encode_rows(r, "float16", flag=False)
@@ -130,7 +149,7 @@ def speed(sizes, rounds, n):
         times = {c: {s: [] for s in STAGES} for c in CODECS}
         walls = {c: {s: [] for s in STAGES} for c in CODECS}
         for r in range(rounds):
-            order = CODECS[r % 3 :] + CODECS[: r % 3]
+            order = CODECS[r % len(CODECS) :] + CODECS[: r % len(CODECS)]
             for codec in order:
                 use(codec)
                 for stage in STAGES:
@@ -165,6 +184,15 @@ def speed(sizes, rounds, n):
                 c: [round(t * 1e3, 3) for t in totals[c]] for c in CODECS
             },
             "fused_over_ops": ratio("fused", "ops"),
+            "fused_over_xla": ratio("fused", "xla"),
+            # Per stage: the median of per-round ratios, the shipped codec
+            # against the one before it.
+            "fused_over_xla_by_stage": {
+                stage: statistics.median(
+                    f / x for f, x in zip(times["fused"][stage], times["xla"][stage])
+                )
+                for stage in STAGES
+            },
             "fused_over_cast": ratio("fused", "cast"),
             "ops_over_cast": ratio("ops", "cast"),
         }
@@ -172,6 +200,7 @@ def speed(sizes, rounds, n):
             f"{length:>9} elements: ops {med['ops']['total']:8.2f} ms, "
             f"fused {med['fused']['total']:8.2f} ms, cast {med['cast']['total']:8.2f} ms"
             f"  fused/ops {out[str(length)]['fused_over_ops']:.3f}"
+            f"  fused/xla {out[str(length)]['fused_over_xla']:.3f}"
             f"  fused/cast {out[str(length)]['fused_over_cast']:.3f}",
             flush=True,
         )

@@ -104,7 +104,11 @@ def encode_rows(rows, wire_dtype: str, flag: bool, slots=None, force_flag=None):
 
 def _row_amax(rows):
     """Each row's largest magnitude; NaN where the row holds a NaN (TensorFlow's
-    max and min propagate it; XLA's do not), infinite where it holds an Inf."""
+    max and min propagate it; XLA's do not), infinite where it holds an Inf.
+
+    Were a device's reduction ever to drop a NaN, the owner's sum still
+    carries it (NaN plus anything is NaN) into the owner's own check, which
+    is XLA's sibling reduction: the step is skipped all the same."""
     return tf.maximum(tf.reduce_max(rows, 1), -tf.reduce_min(rows, 1))
 
 
