@@ -91,9 +91,9 @@ def encode_rows(rows, wire_dtype: str, flag: bool, slots=None, force_flag=None):
             # The row maxima by TensorFlow's reductions, the rest fused: XLA
             # makes the maxima a pass of their own anyway (no multi-output
             # fusion of a reduction with its consumers here), and
-            # TensorFlow's is ~2x cheaper and propagates NaN, so the
-            # non-finite check needs no sibling reduction (0.8x the all-XLA
-            # encode: docs/benchmarks.md, "The 16-bit codec").
+            # TensorFlow's is up to ~2x cheaper and propagates NaN, so the
+            # non-finite check needs no sibling reduction (0.74-0.89x the
+            # all-XLA encode: docs/benchmarks.md, "A cheaper 16-bit codec").
             amax = _row_amax(rows)
             return _encode_scaled_fused(
                 rows, amax, wire_dtype, flag, slot16, force_flag
