@@ -2186,11 +2186,10 @@ def readme(folder):
 
     hvd = [load(folder, f) for f in HOROVOD_QUIET]
     auto_vs_hvd = auto_vs_horovod(*hvd)
-    hvd4 = [
-        {"jobs": [j for j in load(folder, f)["jobs"] if j["rate"] == rate]}
-        for f, rate in HOROVOD_4NODES
-    ]
-    auto_vs_hvd4 = auto_vs_horovod(*hvd4)
+    hvd4 = [(load(folder, f), rate) for f, rate in HOROVOD_4NODES]
+    auto_vs_hvd4 = auto_vs_horovod(
+        *({"jobs": [j for j in d["jobs"] if j["rate"] == rate]} for d, rate in hvd4)
+    )
     hvd4x2 = load(folder, HOROVOD_4X2)
     auto_vs_hvd4x2 = auto_vs_horovod(hvd4x2)
 
@@ -2272,7 +2271,7 @@ def readme(folder):
             "the same at 4 emulated nodes (two ranks per core), dense model, "
             "10 and 1 Gbit/s: Horovod wins (what bounds it: docs/benchmarks.md)",
             f"{span(auto_vs_hvd4)}×",
-            n(load(folder, HOROVOD_4NODES[0][0])),
+            n(hvd4[0][0]),
         ],
         [
             "the same, 1 Gbit/s, quiet machine, ours with the pipelined float16 "
