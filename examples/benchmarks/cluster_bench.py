@@ -181,18 +181,22 @@ def horovod_rows(
     models=tuple(HVD_PAIRS),
     ranks_per_node=1,
     extra=(),
+    hvd_extra=(),
 ):
     """Ours vs Horovod on one node count and rate: jobs interleaved by pair.
     `extra`: more of our configurations (e.g. `f16@262144`, the pipelined
     wire; `f16+ovl`, the communication thread), run in our job of each pair
-    and compared, like `auto`, with Horovod's faster setting of the pair."""
+    and compared, like `auto`, with Horovod's faster setting of the pair
+    (`compute` is recorded, not compared). `hvd_extra`: more of Horovod's
+    (`compute`: Keras 2's bare step), recorded beside the pairs."""
     rows = []
     for model, pairs in HVD_PAIRS.items():
         if model not in models:
             continue
         auto = HVD_AUTO[model]
         ours = {c: [] for c in [*pairs, auto, *extra]}
-        hvd = {c: [] for c in pairs.values()}
+        hvd = {c: [] for c in [*pairs.values(), *hvd_extra]}
+        cpu = {"ours": {c: [] for c in ours}, "horovod": {c: [] for c in hvd}}
         decisions, hosts = [], None
         for r in range(rounds):
             label = f"{model} {n} nodes {rate} pair {r + 1}"
@@ -207,18 +211,20 @@ def horovod_rows(
             )
             for c in ours:
                 ours[c] += job["seconds_per_step"][c]
+                cpu["ours"][c] += job.get("cpu_seconds_per_step", {}).get(c, [])
             decisions.append(job.get("wire_auto", {}))
             hosts = hosts or job.get("hosts")  # where our ranks ran, in rank order
             job = run_job(
                 cluster,
                 n,
-                [HVD_WORKER, *common, "--configs", ",".join(pairs.values())],
+                [HVD_WORKER, *common, "--configs", ",".join(hvd)],
                 extra=RING,
                 python=horovod_python,
                 ranks_per_node=ranks_per_node,
             )
-            for c in pairs.values():
+            for c in hvd:
                 hvd[c] += job["seconds_per_step"][c]
+                cpu["horovod"][c] += job.get("cpu_seconds_per_step", {}).get(c, [])
         speedups = {
             f"ours {c} / horovod {h}": statistics.median(
                 b / a for a, b in zip(ours[c], hvd[h])
@@ -227,7 +233,7 @@ def horovod_rows(
         }
         # Per pair: Horovod's faster setting of that pair over our auto (and
         # over each extra configuration).
-        for c in (auto, *extra):
+        for c in (auto, *(e for e in extra if e != "compute")):
             speedups[f"ours {c} / horovod best"] = statistics.median(
                 min(times) / a
                 for a, times in zip(ours[c], zip(*(hvd[h] for h in pairs.values())))
@@ -243,6 +249,8 @@ def horovod_rows(
                 "rate": rate,
                 "allreduce_algorithm": "ring",
                 "seconds_per_step": {"ours": ours, "horovod": hvd},
+                # CPU seconds per step summed over the ranks, per pair.
+                "cpu_seconds_per_step": cpu,
                 "wire_auto": decisions,
                 "speedup_ours_over_horovod": speedups,
             }
@@ -278,6 +286,12 @@ def main():
         default="",
         help="horovod suite: more of our configurations in each of our jobs "
         "(comma-separated cluster_worker.py names, e.g. f16@262144,f16+ovl)",
+    )
+    p.add_argument(
+        "--hvd-extra",
+        default="",
+        help="horovod suite: more of Horovod's configurations in each of its "
+        "jobs (comma-separated horovod_worker.py names, e.g. compute)",
     )
     p.add_argument("--nodes", default=None, help="comma-separated node counts")
     p.add_argument("--rates", default="10gbit,1gbit")
@@ -316,6 +330,7 @@ def main():
             "rounds": args.rounds,
             "ranks_per_node": args.ranks_per_node,
             "ours_extra": args.ours_extra,
+            "hvd_extra": args.hvd_extra,
         },
         "jobs": [],
     }
@@ -340,6 +355,7 @@ def main():
                         models=args.hvd_models.split(","),
                         ranks_per_node=args.ranks_per_node,
                         extra=[c for c in args.ours_extra.split(",") if c],
+                        hvd_extra=[c for c in args.hvd_extra.split(",") if c],
                     )
                     save()
                     continue

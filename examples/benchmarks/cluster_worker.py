@@ -36,7 +36,10 @@ Configurations:
 Every figure is seconds per step (the slowest rank's), one per round; rank 0
 prints each round and writes JSON with --out. Training configurations also
 record, from the trace recorder (`keras_mpfp16.runtime.trace`, in memory),
-the seconds per step spent inside gradient collectives (`in_collectives`).
+the seconds per step spent inside gradient collectives (`in_collectives`),
+and every configuration the CPU seconds per step summed over the ranks
+(`cpu_seconds_per_step`: `time.process_time()`, every thread of a rank's
+process), what the job asked of the machine's cores.
 """
 
 import argparse
@@ -72,6 +75,7 @@ class Timer(keras.callbacks.Callback):
         super().__init__()
         self.recorder = recorder
         self.stamps = []
+        self.cpu = []  # this process's CPU seconds (all its threads) at each stamp
 
     def on_train_batch_begin(self, batch, logs=None):
         self.recorder.begin_step(batch, 0)
@@ -79,6 +83,7 @@ class Timer(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         self.recorder.end_step()
         self.stamps.append(time.perf_counter())
+        self.cpu.append(time.process_time())
 
 
 @contextlib.contextmanager
@@ -95,6 +100,11 @@ def pipeline_setting(config: str):
 
 def slowest(seconds: float) -> float:
     return float(runtime.allreduce(np.float64(seconds), op="max"))
+
+
+def all_ranks(seconds: float) -> float:
+    """The sum over ranks (CPU seconds: what the job asked of the machine)."""
+    return float(runtime.allreduce(np.float64(seconds), op="sum"))
 
 
 class Training:
@@ -173,17 +183,19 @@ class Training:
             if ev.get("ph") == "X" and ev.get("cat") in ("mpi", "collective")
         ]
         os.environ.pop(SPARSE_ENV, None)
-        return timer.stamps, events
+        return timer, events
 
     def measure(self):
-        stamps, events = self.run(self.steps)
+        timer, events = self.run(self.steps)
+        stamps = timer.stamps
         # Skip the first step (input pipeline start-up).
         t0, t1 = stamps[0], stamps[-1]
         per_step = (t1 - t0) / (len(stamps) - 1)
         inside = sum(
             e - s for name, s, e in events if "gradient" in name and s >= t0 and e <= t1
         ) / (len(stamps) - 1)
-        return slowest(per_step), slowest(inside)
+        cpu = (timer.cpu[-1] - timer.cpu[0]) / (len(stamps) - 1)
+        return slowest(per_step), slowest(inside), all_ranks(cpu)
 
 
 class CommOnly:
@@ -236,11 +248,12 @@ class CommOnly:
 
     def measure(self):
         runtime.barrier()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(self.calls):
             total, _ = self.fn()
             total.numpy()
-        return slowest((time.perf_counter() - t0) / self.calls), None
+        cpu = (time.process_time() - c0) / self.calls
+        return slowest((time.perf_counter() - t0) / self.calls), None, all_ranks(cpu)
 
 
 def main():
@@ -266,13 +279,15 @@ def main():
                 runners[c] = Training(args.model, base, x, y, steps + 1)
     params = next((r.params for r in runners.values() if isinstance(r, Training)), None)
     raw = {c: [] for c in configs}
+    cpu = {c: [] for c in configs}
     inside = {c: [] for c in configs if not c.startswith("comm_") and c != "compute"}
     for r in range(args.rounds):
         order = configs if r % 2 == 0 else configs[::-1]  # A B C, C B A, ...
         for c in order:
             with pipeline_setting(c):
-                seconds, ins = runners[c].measure()
+                seconds, ins, cpu_seconds = runners[c].measure()
             raw[c].append(seconds)
+            cpu[c].append(cpu_seconds)
             if c in inside:
                 inside[c].append(ins)
         if rank == 0:
@@ -295,6 +310,9 @@ def main():
             "steps": steps,
             "seconds_per_step": raw,
             "median": {c: statistics.median(v) for c, v in raw.items()},
+            # CPU seconds per step, summed over the ranks (every thread of
+            # each rank's process: TensorFlow's, MPI's, the transfer's).
+            "cpu_seconds_per_step": cpu,
             "in_collectives_per_step": inside,
             "wire_auto": {
                 c: r.opt.wire_decision.as_dict()

@@ -9,14 +9,17 @@ in the Horovod venv (horovod_setup.sh: TF 2.15, its Keras 2):
         examples/benchmarks/horovod_worker.py --model dense --configs none,fp16
 
 Configurations:
+  compute the bare optimizer: every rank trains its own replica, no Horovod
+          (cluster_worker.py's `compute`, on Keras 2)
   none    hvd.DistributedOptimizer, no compression (float32 on the wire)
   fp16    hvd.Compression.fp16 (cast to float16 before the allreduce)
   sparse  (imdb) Horovod's default for Embedding gradients: IndexedSlices
           allgathered as rows
   dense   (imdb) sparse_as_dense=True: Embedding gradients densified
 
-Every figure is seconds per step (the slowest rank's), one per round; rank 0
-prints each round and writes JSON with --out, in cluster_worker.py's layout.
+Every figure is seconds per step (the slowest rank's), one per round, with
+the CPU seconds per step summed over the ranks (`cpu_seconds_per_step`); rank
+0 prints each round and writes JSON with --out, in cluster_worker.py's layout.
 """
 
 import argparse
@@ -37,20 +40,27 @@ from cluster_models import DEFAULT_STEPS, MODELS, build, data  # noqa: E402
 
 keras = tf.keras
 
-CONFIGS = ("none", "fp16", "sparse", "dense")
+CONFIGS = ("compute", "none", "fp16", "sparse", "dense")
 
 
 class Timer(keras.callbacks.Callback):
     def __init__(self):
         super().__init__()
         self.stamps = []
+        self.cpu = []  # this process's CPU seconds (all its threads) at each stamp
 
     def on_train_batch_end(self, batch, logs=None):
         self.stamps.append(time.perf_counter())
+        self.cpu.append(time.process_time())
 
 
 def slowest(seconds: float) -> float:
     return float(np.max(hvd.allgather(np.array([seconds], np.float64))))
+
+
+def all_ranks(seconds: float) -> float:
+    """The sum over ranks (CPU seconds: what the job asked of the machine)."""
+    return float(np.sum(hvd.allgather(np.array([seconds], np.float64))))
 
 
 class Training:
@@ -59,13 +69,14 @@ class Training:
             raise ValueError(f"unknown configuration {config!r}; allowed: {CONFIGS}")
         self.x, self.y, self.steps = x, y, steps
         net, opt, self.batch = build(keras, model)
-        opt = hvd.DistributedOptimizer(
-            opt,
-            compression=hvd.Compression.fp16
-            if config == "fp16"
-            else hvd.Compression.none,
-            sparse_as_dense=config == "dense",
-        )
+        if config != "compute":
+            opt = hvd.DistributedOptimizer(
+                opt,
+                compression=hvd.Compression.fp16
+                if config == "fp16"
+                else hvd.Compression.none,
+                sparse_as_dense=config == "dense",
+            )
         net.compile(optimizer=opt, loss="binary_crossentropy")
         self.net = net
         self.params = int(sum(np.prod(w.shape) for w in net.trainable_weights))
@@ -86,12 +97,14 @@ class Training:
             verbose=0,
             callbacks=callbacks,
         )
-        return timer.stamps
+        return timer
 
     def measure(self):
-        stamps = self.run(self.steps)
+        timer = self.run(self.steps)
+        stamps = timer.stamps
         per_step = (stamps[-1] - stamps[0]) / (len(stamps) - 1)
-        return slowest(per_step)
+        cpu = (timer.cpu[-1] - timer.cpu[0]) / (len(stamps) - 1)
+        return slowest(per_step), all_ranks(cpu)
 
 
 def main():
@@ -111,10 +124,13 @@ def main():
     x, y = data(args.model, batch * (steps + 1), seed=rank)
     runners = {c: Training(args.model, c, x, y, steps + 1) for c in configs}
     raw = {c: [] for c in configs}
+    cpu = {c: [] for c in configs}
     for r in range(args.rounds):
         order = configs if r % 2 == 0 else configs[::-1]  # A B C, C B A, ...
         for c in order:
-            raw[c].append(runners[c].measure())
+            seconds, cpu_seconds = runners[c].measure()
+            raw[c].append(seconds)
+            cpu[c].append(cpu_seconds)
         if rank == 0:
             print(
                 f"{args.label} round {r + 1}: "
@@ -135,6 +151,7 @@ def main():
             "steps": steps,
             "seconds_per_step": raw,
             "median": {c: statistics.median(v) for c, v in raw.items()},
+            "cpu_seconds_per_step": cpu,
         }
         print(json.dumps(result["median"]), flush=True)
         if args.out:
